@@ -1,0 +1,25 @@
+"""Pure, batched sampling mathematics: standardized distributions, verification, random streams.
+
+Imports nothing from the rest of exactspec.
+"""
+
+from exactspec.sampling.params import SamplingParams
+from exactspec.sampling.standardize import probs_from_logits
+from exactspec.sampling.streams import (
+    DOMAIN_ACCEPT,
+    DOMAIN_DRAFT,
+    DOMAIN_RESAMPLE,
+    DOMAIN_SAMPLE,
+    Randomness,
+    RowStreams,
+    sample,
+    sample_from_weights,
+    uniforms,
+)
+from exactspec.sampling.verify import METHODS, AcceptanceLaw, Verdict, acceptance_law, verify
+
+__all__ = [
+    "DOMAIN_ACCEPT", "DOMAIN_DRAFT", "DOMAIN_RESAMPLE", "DOMAIN_SAMPLE", "METHODS",
+    "AcceptanceLaw", "Randomness", "RowStreams", "SamplingParams", "Verdict",
+    "acceptance_law", "probs_from_logits", "sample", "sample_from_weights", "uniforms", "verify",
+]

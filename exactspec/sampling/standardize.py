@@ -1,0 +1,124 @@
+"""probs_from_logits: the one function that turns logits into the distribution a token is drawn from.
+
+Both p (target) and q (draft) come from here, with the same parameters and history; a q that is
+not exactly the distribution the draft token was drawn from breaks losslessness.
+
+Order of the transforms (the same as transformers / vLLM):
+  1. repetition penalty over prompt + output tokens (CTRL: logit / r if logit > 0 else logit * r)
+  2. presence and frequency penalties over output tokens (OpenAI: logit -= f * count + pres * seen)
+  3. logit bias (additive)
+  4. greedy (temperature 0): one-hot at the argmax, ties to the lowest id; nothing below applies
+  5. temperature: logits / T
+  6. top-k on logits (every token tied with the k-th value is kept)
+  7. softmax, in float32 (float64 if the logits are float64)
+  8. top-p: keep the most likely tokens until their mass reaches top_p (ties at the edge kept)
+  9. min-p: keep tokens with probability >= min_p * max probability
+ 10. renormalise
+"""
+
+from __future__ import annotations
+
+import torch
+
+from exactspec.sampling.params import SamplingParams
+
+
+def probs_from_logits(
+    logits: torch.Tensor,  # [..., V]
+    params: SamplingParams,
+    prev_tokens: torch.Tensor | None = None,  # [..., T] long, -1 = padding
+    prompt_len: torch.Tensor | int | None = None,  # [...] or int: leading prev_tokens that are prompt
+) -> torch.Tensor:  # [..., V] float32 (float64 for float64 logits)
+    """Standardized distribution over the vocabulary for each leading index of `logits`."""
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be exactspec.SamplingParams, got {type(params).__name__}")
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.dim() < 1:
+        raise TypeError("logits must be a floating-point tensor of shape [..., V]")
+    vocab = logits.shape[-1]
+    if vocab == 0:
+        raise ValueError("logits have an empty vocabulary (last dimension is 0)")
+    bad = ~torch.isfinite(logits)
+    if bad.any():
+        kind = "NaN" if torch.isnan(logits).any() else "inf"
+        raise ValueError(f"logits contain {kind} values ({int(bad.sum())} of {logits.numel()}); "
+                         "the model output is broken, check its dtype and inputs")
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    lead = logits.shape[:-1]
+    x = logits.reshape(-1, vocab).to(dtype)  # [N, V]
+    n = x.shape[0]
+
+    if params.uses_history and prev_tokens is not None:
+        x = _apply_penalties(x, params, prev_tokens, prompt_len, lead)
+    if params.logit_bias:
+        ids = torch.tensor(list(params.logit_bias.keys()), dtype=torch.long)
+        if int(ids.max()) >= vocab:
+            raise ValueError(f"logit_bias names token id {int(ids.max())}, outside the vocabulary "
+                             f"of size {vocab}")
+        vals = torch.tensor(list(params.logit_bias.values()), dtype=dtype)
+        x = x.clone()
+        x[:, ids.to(x.device)] += vals.to(x.device)
+
+    if params.is_greedy:
+        probs = torch.zeros_like(x)
+        probs[torch.arange(n, device=x.device), x.argmax(-1)] = 1.0  # argmax: first max = lowest id
+        return probs.reshape(*lead, vocab)
+
+    if params.temperature != 1.0:
+        x = x / params.temperature
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(x, params.top_k, dim=-1).values[:, -1:]  # [N, 1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)  # [N, V]
+    if params.top_p < 1.0:
+        sorted_p = probs.sort(dim=-1, descending=True).values  # [N, V]
+        before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each sorted token
+        # the last kept token is the first one whose cumulative mass reaches top_p
+        keep_count = (before < params.top_p).sum(-1, keepdim=True).clamp(min=1)  # [N, 1]
+        threshold = sorted_p.gather(-1, keep_count - 1)  # [N, 1]
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    if params.min_p > 0.0:
+        top = probs.max(-1, keepdim=True).values
+        probs = probs.masked_fill(probs < params.min_p * top, 0.0)
+    total = probs.sum(-1, keepdim=True)
+    if (total <= 0).any():
+        raise ValueError("the sampling filters left no token with positive probability")
+    probs = probs / total
+    return probs.reshape(*lead, vocab)
+
+
+def _apply_penalties(
+    x: torch.Tensor,  # [N, V]
+    params: SamplingParams,
+    prev_tokens: torch.Tensor,  # [..., T]
+    prompt_len: torch.Tensor | int | None,
+    lead: torch.Size,
+) -> torch.Tensor:  # [N, V]
+    """Repetition (prompt + output), presence and frequency (output only) penalties."""
+    n, vocab = x.shape
+    if prev_tokens.dtype not in (torch.int64, torch.int32):
+        raise TypeError("prev_tokens must be an integer tensor padded with -1")
+    t = prev_tokens.shape[-1]
+    prev = torch.broadcast_to(prev_tokens, (*lead, t)).reshape(n, t).to(x.device).long()
+    if (prev >= vocab).any() or (prev < -1).any():
+        raise ValueError(f"prev_tokens holds ids outside [0, {vocab}) (and -1 for padding)")
+    valid = prev >= 0
+    idx = torch.where(valid, prev, vocab)  # padding goes to a spare column
+    if prompt_len is None:
+        prompt_len = 0
+    plen = torch.as_tensor(prompt_len, device=x.device).long()
+    plen = torch.broadcast_to(plen, lead).reshape(n, 1)
+    is_output = valid & (torch.arange(t, device=x.device)[None, :] >= plen)  # [N, T]
+
+    x = x.clone()
+    if params.repetition_penalty != 1.0:
+        seen = torch.zeros(n, vocab + 1, dtype=torch.bool, device=x.device)
+        seen.scatter_(1, idx, True)
+        seen = seen[:, :vocab]
+        r = params.repetition_penalty
+        x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+    if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
+        counts = torch.zeros(n, vocab + 1, dtype=x.dtype, device=x.device)
+        counts.scatter_add_(1, torch.where(is_output, prev, vocab), is_output.to(x.dtype))
+        counts = counts[:, :vocab]
+        x = x - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(x.dtype)
+    return x

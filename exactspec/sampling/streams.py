@@ -1,0 +1,133 @@
+"""Random streams and inverse-CDF sampling. All randomness enters as float64 uniforms.
+
+`RowStreams` gives every batch row its own counter-based stream: the uniforms a row sees depend
+only on (its seed, its own step count, a domain, a column), never on the other rows, so the same
+seed gives the same text alone or inside any batch. Domains keep drafting and acceptance apart
+(reusing one uniform for both is one of the pitfalls the audit catches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+# Domains: which decision a uniform is for. Draft position j uses DOMAIN_DRAFT + j.
+DOMAIN_ACCEPT = 1  # how many draft tokens are accepted
+DOMAIN_RESAMPLE = 2  # the recovered / bonus token
+DOMAIN_SAMPLE = 3  # a plain draw (autoregressive decoding)
+DOMAIN_DRAFT = 64  # + draft position
+
+_MASK64 = (1 << 64) - 1
+
+
+def _i64(c: int) -> int:
+    """A 64-bit constant as the signed int64 torch stores."""
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+_GOLDEN = _i64(0x9E3779B97F4A7C15)
+_MIX1 = _i64(0xBF58476D1CE4E5B9)
+_MIX2 = _i64(0x94D049BB133111EB)
+
+
+def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64 finaliser on int64 tensors (multiplication wraps modulo 2^64)."""
+    z = z + _GOLDEN
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    return z ^ _shr(z, 31)
+
+
+class RowStreams:
+    """Per-row counter-based random streams for a batch.
+
+    Row b's uniform at (step, domain, column) is a hash of (seed_b, step, domain, column).
+    """
+
+    def __init__(self, seeds: torch.Tensor, steps: torch.Tensor | None = None) -> None:
+        self.seeds = seeds.long()  # [B] one 64-bit seed per row
+        self.steps = torch.zeros_like(self.seeds) if steps is None else steps.long()  # [B]
+
+    @classmethod
+    def from_seed(cls, seed: int, num_rows: int, device: torch.device | str = "cpu") -> RowStreams:
+        """Row i's seed is derived from (seed, i): independent of the batch around it."""
+        base = _mix(torch.tensor([_i64(seed & _MASK64)], dtype=torch.long))  # [1]
+        rows = torch.arange(num_rows, dtype=torch.long)
+        return cls(_mix(base ^ _mix(rows)).to(device))
+
+    def __len__(self) -> int:
+        return self.seeds.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.seeds.device
+
+    def select(self, rows: torch.Tensor) -> RowStreams:
+        """The streams of a subset of rows (e.g. the ones still generating), identities kept."""
+        rows = rows.to(self.seeds.device)
+        return RowStreams(self.seeds[rows], self.steps[rows])
+
+    def advance(self, rows: torch.Tensor | None = None) -> None:
+        """Move every row (or the given rows) to its next step."""
+        if rows is None:
+            self.steps += 1
+        else:
+            self.steps[rows.to(self.steps.device)] += 1
+
+    def uniform(self, n: int, domain: int) -> torch.Tensor:  # [B, n] float64 in [0, 1)
+        """n uniforms per row for this step and domain; column j does not depend on n."""
+        cols = torch.arange(n, dtype=torch.long, device=self.seeds.device)
+        key = _mix(self.seeds ^ _mix(self.steps))[:, None]  # [B, 1]
+        z = _mix(key ^ _mix(cols[None, :] + (domain << 32)))  # [B, n]
+        return _shr(z, 11).to(torch.float64) * (1.0 / (1 << 53))
+
+
+Randomness = torch.Generator | Sequence[torch.Generator] | RowStreams | None
+
+
+def uniforms(generator: Randomness, rows: int, n: int, domain: int,
+             device: torch.device | str = "cpu") -> torch.Tensor:  # [rows, n] float64
+    """Draw float64 uniforms in [0, 1) from whichever kind of randomness the caller passed."""
+    if isinstance(generator, RowStreams):
+        if len(generator) != rows:
+            raise ValueError(f"RowStreams has {len(generator)} rows, the batch has {rows}")
+        return generator.uniform(n, domain).to(device)
+    if generator is None or isinstance(generator, torch.Generator):
+        gen_device = generator.device if generator is not None else device
+        return torch.rand(rows, n, dtype=torch.float64, generator=generator,
+                          device=gen_device).to(device)
+    gens = list(generator)
+    if len(gens) != rows:
+        raise ValueError(f"got {len(gens)} generators for a batch of {rows} rows; pass one per row")
+    return torch.stack([torch.rand(n, dtype=torch.float64, generator=g, device=g.device)
+                        for g in gens]).to(device)
+
+
+def sample_from_weights(
+    weights: torch.Tensor,  # [B, V] non-negative, need not be normalised
+    u: torch.Tensor,  # [B] float64 uniforms in [0, 1)
+) -> torch.Tensor:  # [B] long
+    """Inverse-CDF draw in float64; never returns a token of zero weight."""
+    cdf = weights.to(torch.float64).cumsum(-1)  # [B, V]
+    target = (u.to(cdf.device) * cdf[:, -1])[:, None]  # [B, 1]
+    idx = torch.searchsorted(cdf, target, right=True)  # first index with cdf > target
+    return idx.squeeze(-1).clamp(max=weights.shape[-1] - 1)
+
+
+def sample(
+    probs: torch.Tensor,  # [B, V] standardized distributions
+    generator: Randomness = None,
+    *,
+    domain: int = DOMAIN_SAMPLE,
+) -> torch.Tensor:  # [B] long
+    """Draw one token per row from `probs` with the row's own randomness."""
+    if probs.dim() != 2:
+        raise ValueError(f"probs must be [B, V], got shape {tuple(probs.shape)}")
+    u = uniforms(generator, probs.shape[0], 1, domain, probs.device)[:, 0]
+    return sample_from_weights(probs, u)
