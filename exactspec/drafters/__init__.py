@@ -1,0 +1,7 @@
+"""Drafters behind one small Protocol (see `exactspec.drafters.base`)."""
+
+from exactspec.drafters.base import DraftContext, Drafter, TargetInfo
+from exactspec.drafters.draft_model import DraftModel
+from exactspec.drafters.prompt_lookup import PromptLookup
+
+__all__ = ["DraftContext", "DraftModel", "Drafter", "PromptLookup", "TargetInfo"]

@@ -1,0 +1,121 @@
+"""DraftModel: a smaller causal LM sharing the target's vocabulary drafts autoregressively."""
+
+from __future__ import annotations
+
+import torch
+
+from exactspec.drafters.base import DraftContext, TargetInfo, history
+from exactspec.models.adapter import TargetAdapter
+from exactspec.models.loading import as_model
+from exactspec.sampling import DOMAIN_DRAFT, probs_from_logits, sample
+
+
+class DraftModel:
+    """Drafts K tokens by sampling a small model's q, standardized exactly like the target's p.
+
+    q at draft position j comes from `probs_from_logits` with the engine's SamplingParams and the
+    same history the target will use for p there (context plus drafts 0..j-1), so q is exactly
+    the distribution the token was drawn from. The draft keeps its own KV cache; rejected drafts
+    are dropped at the next `propose` by keeping only the cached prefix that agrees with the
+    context. `model`: an exactspec Model or a transformers causal LM.
+    """
+
+    def __init__(self, model) -> None:
+        self.model = as_model(model)  # the draft LM and its tokenizer (if any)
+        self._adapter: TargetAdapter | None = None
+        self._fed: torch.Tensor | None = None  # [B, S] long: tokens in the draft cache slots
+
+    def __repr__(self) -> str:
+        return f"DraftModel({self.model.name!r})"
+
+    def begin(self, context: DraftContext, target: TargetInfo) -> None:
+        self._check_vocab(target)
+        self._adapter = TargetAdapter(self.model.model)
+        prompts = [
+            row[: int(n) - 1].tolist()
+            for row, n in zip(context.tokens.cpu(), context.lengths.cpu(), strict=True)
+        ]
+        self._adapter.prefill(prompts)
+        dev = self._adapter.device
+        width = context.tokens.shape[1]
+        self._fed = torch.full((len(prompts), width), -1, dtype=torch.long, device=dev)
+        for i, p in enumerate(prompts):
+            self._fed[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+
+    def _check_vocab(self, target: TargetInfo) -> None:
+        mine = self.model.vocab_size
+        if mine != target.vocab_size:
+            raise ValueError(
+                f"vocabulary mismatch: the draft model {self.model.name!r} has {mine} logits, the "
+                f"target {target.vocab_size}; a draft model must share the target's vocabulary"
+            )
+        tok_d, tok_t = self.model.tokenizer, target.tokenizer
+        if tok_d is None or tok_t is None or tok_d is tok_t:
+            return
+        vd, vt = tok_d.get_vocab(), tok_t.get_vocab()
+        if vd != vt:
+            diff = sorted(set(vd.items()) ^ set(vt.items()), key=lambda kv: kv[1])[:3]
+            raise ValueError(
+                f"vocabulary mismatch: the draft tokenizer ({len(vd)} tokens) and the target "
+                f"tokenizer ({len(vt)} tokens) differ, e.g. {diff}"
+            )
+
+    def select(self, rows: torch.Tensor) -> None:
+        assert self._adapter is not None and self._fed is not None
+        self._adapter.select(rows)
+        self._fed = self._fed.index_select(0, rows.to(self._fed.device))
+
+    @torch.inference_mode()
+    def propose(
+        self, context: DraftContext, num_tokens: torch.Tensor  # [B]
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, K] -1 padded, [B, K, V]
+        ad, fed = self._adapter, self._fed
+        assert ad is not None and fed is not None, "begin() first"
+        dev = ad.device
+        tokens = context.tokens.to(dev)  # [B, T]
+        lengths = context.lengths.to(dev)  # [B]
+        b = tokens.shape[0]
+        k = int(num_tokens.max()) if b else 0
+        vocab = self.model.vocab_size
+        drafts = torch.full((b, k), -1, dtype=torch.long, device=dev)  # [B, K]
+        q = torch.zeros(b, k, vocab, dtype=torch.float32, device=dev)  # [B, K, V]
+        if k == 0:
+            return drafts, q
+        # roll back: keep the cached prefix that agrees with the context (never the last token)
+        s = min(fed.shape[1], tokens.shape[1])
+        agree = (fed[:, :s] == tokens[:, :s]).long().cumprod(1).sum(1)  # [B]
+        keep = torch.minimum(torch.minimum(agree, ad.lengths), lengths - 1)
+        ad.rewind(keep)
+        # feed what the cache lacks (at least the last token), ragged, right-padded
+        pending = lengths - keep  # [B] >= 1
+        width = int(pending.max())
+        idx = keep[:, None] + torch.arange(width, device=dev)  # [B, W]
+        feed = tokens.gather(1, idx.clamp(max=tokens.shape[1] - 1))
+        feed = torch.where(idx < lengths[:, None], feed, ad.pad_token_id)
+        last = pending - 1  # [B] index of each row's last real token in `feed`
+        prompt_len = context.prompt_lengths.to(dev)
+        for j in range(k):
+            self._record(feed, ad.lengths)
+            logits = ad.extend(feed)  # [B, W, V]
+            logits = logits[torch.arange(b, device=dev), last]  # [B, V]
+            ad.commit(last + 1)
+            prev = history(context, drafts[:, :j]).to(dev) if context.params.uses_history else None
+            q_j = probs_from_logits(logits, context.params, prev, prompt_len)  # [B, V]
+            x = sample(q_j, context.streams, domain=DOMAIN_DRAFT + j)  # [B]
+            drafts[:, j] = x
+            q[:, j] = q_j
+            feed = x[:, None]
+            last = torch.zeros_like(last)
+        want = torch.arange(k, device=dev)[None, :] < num_tokens.to(dev)[:, None]
+        return torch.where(want, drafts, -1), q
+
+    def _record(self, feed: torch.Tensor, at: torch.Tensor) -> None:
+        """Remember which tokens the next extend writes into which draft cache slots."""
+        assert self._fed is not None
+        need = int(at.max()) + feed.shape[1]
+        if need > self._fed.shape[1]:
+            grow = torch.full((self._fed.shape[0], need - self._fed.shape[1] + 64), -1,
+                              dtype=torch.long, device=self._fed.device)
+            self._fed = torch.cat([self._fed, grow], 1)
+        idx = at[:, None] + torch.arange(feed.shape[1], device=feed.device)  # [B, W]
+        self._fed.scatter_(1, idx, feed)

@@ -1,0 +1,66 @@
+"""Prompt lookup: copy the continuation of the latest earlier occurrence of the last n-gram."""
+
+from __future__ import annotations
+
+import torch
+
+from exactspec.drafters.base import DraftContext, TargetInfo
+
+
+class PromptLookup:
+    """Point-mass drafts from the context itself (prompt and output), no model needed.
+
+    For each row, the last n tokens (n from `max_ngram` down to `min_ngram`, longest first)
+    are searched for earlier in the row; the tokens that followed the latest earlier match are
+    proposed, up to the requested number. q is a point mass, so `propose` returns None for
+    draft_probs and the verifier accepts x with probability p(x).
+    """
+
+    def __init__(self, min_ngram: int = 1, max_ngram: int = 3) -> None:
+        for name, v in (("min_ngram", min_ngram), ("max_ngram", max_ngram)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} must be an int >= 1")
+        if min_ngram > max_ngram:
+            raise ValueError(f"min_ngram={min_ngram} must be <= max_ngram={max_ngram}")
+        self.min_ngram = min_ngram  # shortest suffix searched for
+        self.max_ngram = max_ngram  # longest suffix searched for (tried first)
+
+    def __repr__(self) -> str:
+        return f"PromptLookup(min_ngram={self.min_ngram}, max_ngram={self.max_ngram})"
+
+    def begin(self, context: DraftContext, target: TargetInfo) -> None:
+        pass
+
+    def select(self, rows: torch.Tensor) -> None:
+        pass
+
+    def propose(
+        self, context: DraftContext, num_tokens: torch.Tensor  # [B]
+    ) -> tuple[torch.Tensor, None]:  # [B, K] -1 padded, None (point mass)
+        tokens, lengths = context.tokens, context.lengths  # [B, T], [B]
+        b, t = tokens.shape
+        dev = tokens.device
+        k = int(num_tokens.max()) if b else 0
+        start = torch.full((b,), -1, dtype=torch.long, device=dev)  # continuation start per row
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if t < n + 1:
+                continue
+            suffix_at = (lengths - n).clamp(min=0)  # [B]
+            suffix = tokens.gather(1, suffix_at[:, None] + torch.arange(n, device=dev))  # [B, n]
+            windows = tokens.unfold(1, n, 1)  # [B, t-n+1, n]
+            match = (windows == suffix[:, None, :]).all(-1)  # [B, t-n+1]
+            pos = torch.arange(windows.shape[1], device=dev)
+            # an earlier occurrence: followed by at least one token, not the suffix itself
+            match &= pos[None, :] + n < lengths[:, None]
+            match &= (lengths >= n + 1)[:, None]
+            latest = torch.where(match, pos[None, :], -1).max(1).values  # [B]
+            found = (start < 0) & (latest >= 0)
+            start = torch.where(found, latest + n, start)
+        offs = torch.arange(k, device=dev)  # [K]
+        idx = start[:, None] + offs  # [B, K]
+        ok = (start[:, None] >= 0) & (idx < lengths[:, None]) & (offs[None, :] < num_tokens[:, None])
+        drafts = tokens.gather(1, idx.clamp(0, max(t - 1, 0))) if t else idx
+        drafts = torch.where(ok, drafts, -1)
+        # a copied run stops at its first gap, so -1 stays padding at the end of the row
+        ok = ok.long().cumprod(1).bool()
+        return torch.where(ok, drafts, -1), None

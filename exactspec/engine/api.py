@@ -1,0 +1,246 @@
+"""`generate` and `stream`: prompts in, lossless speculative generations out."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Iterator, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from exactspec.drafters.base import Drafter
+from exactspec.engine.loop import BatchDecoder, DecodeConfig, RowOutput, VerifyFn
+from exactspec.engine.results import Generation
+from exactspec.models.loading import Model, as_model
+from exactspec.sampling import METHODS, RowStreams, SamplingParams
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZE = 64  # rows decoded together; larger batches are split into chunks
+_PROGRESS_MIN_TOKENS = 2048  # show a progress bar when the token budget is at least this
+
+
+def generate(
+    target,
+    prompts: str | Sequence[str] | Sequence[Sequence[int]],
+    *,
+    drafter: Drafter | None = None,
+    params: SamplingParams | None = None,
+    max_new_tokens: int = 128,
+    num_draft_tokens: int | str = 4,
+    verify: str | VerifyFn = "token",
+    stop: str | Sequence[str] | None = None,
+    return_logprobs: bool = False,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> list[Generation]:
+    """Generate a continuation of every prompt, distributed exactly as the target alone would.
+
+    target: an exactspec Model or a transformers causal LM. prompts: one string, a list of
+    strings (encoded with the target's tokenizer, no chat template), or a list of token-id
+    lists; identical prompts are fine (they are prefilled once). drafter: DraftModel(...),
+    PromptLookup(...), any `Drafter`, or None for plain autoregressive decoding.
+    params: SamplingParams (default: temperature 1); row i of the call draws from its own
+    stream seeded by (params.seed, i), so a row's text does not depend on the rest of the
+    batch; seed None draws a fresh seed. num_draft_tokens: K, or "auto" (per row, from the
+    observed acceptance and the measured draft / target costs). verify: "token", "block",
+    "greedy" or a callable with `exactspec.verify`'s signature, called as
+    fn(target_probs, draft_tokens, draft_probs, generator=streams). stop: strings that end a
+    row (the text is cut before them). return_logprobs: log p of each generated token under
+    the target's standardized distribution (so 0.0 for every token when greedy).
+    batch_size: rows per forward pass.
+    """
+    job = _Job(target, prompts, drafter, params, max_new_tokens, num_draft_tokens, verify,
+               stop, return_logprobs, batch_size)
+    for _ in job.events():
+        pass
+    return job.results
+
+
+def stream(
+    target,
+    prompt: str | Sequence[int],
+    **kwargs,
+) -> TextStream:
+    """Like `generate` for one prompt, iterated as text pieces as tokens are accepted.
+
+    `for piece in stream(model, "Hi"): print(piece, end="")`; afterwards `.generation` holds
+    the full `Generation`. Takes the same keyword arguments as `generate`.
+    """
+    if not isinstance(prompt, str):
+        if isinstance(prompt, Sequence) and prompt and not isinstance(prompt[0], int):
+            raise ValueError("stream() takes one prompt (a string or a list of token ids); "
+                             "use generate() for a batch")
+        prompt = [list(prompt)]
+    return TextStream(_Job(target, prompt, **_job_kwargs(kwargs)))
+
+
+def _job_kwargs(kwargs: dict) -> dict:
+    allowed = ("drafter", "params", "max_new_tokens", "num_draft_tokens", "verify", "stop",
+               "return_logprobs", "batch_size")
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise TypeError(f"stream() got unexpected keyword arguments {unknown}")
+    defaults = dict(drafter=None, params=None, max_new_tokens=128, num_draft_tokens=4,
+                    verify="token", stop=None, return_logprobs=False,
+                    batch_size=DEFAULT_BATCH_SIZE)
+    return {**defaults, **kwargs}
+
+
+class TextStream:
+    """Iterates text pieces of one generation; `.generation` is set once iteration ends."""
+
+    def __init__(self, job: _Job) -> None:
+        self._job = job
+        self.generation: Generation | None = None  # the finished result
+
+    def __iter__(self) -> Iterator[str]:
+        job = self._job
+        tok = job.model.tokenizer
+        if tok is None:
+            raise ValueError("stream() needs a tokenizer to produce text; use generate() with "
+                             "token ids instead")
+        hold = max(map(len, job.cfg.stop), default=1) - 1
+        tokens: list[int] = []
+        sent = ""
+        for _, new, out in job.events():
+            tokens += new
+            text = tok.decode(tokens, skip_special_tokens=True)
+            if out.finish_reason is None:
+                text = text.rstrip("\ufffd")
+                text = text[: len(text) - hold] if hold else text
+            elif out.cut is not None:
+                text = text[: out.cut]
+            if len(text) > len(sent) and text.startswith(sent):
+                yield text[len(sent):]
+                sent = text
+        self.generation = job.results[0]
+        final = self.generation.text or ""
+        if len(final) > len(sent) and final.startswith(sent):
+            yield final[len(sent):]
+
+
+class _Job:
+    """One validated generate() call: its rows, chunks, randomness and results."""
+
+    def __init__(self, target, prompts, drafter, params, max_new_tokens, num_draft_tokens,
+                 verify, stop, return_logprobs, batch_size) -> None:
+        self.model: Model = as_model(target)
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be exactspec.SamplingParams, got {type(params).__name__}")
+        if drafter is not None and not isinstance(drafter, Drafter):
+            raise TypeError(f"drafter must be a Drafter (DraftModel, PromptLookup, ...) or None, "
+                            f"got {type(drafter).__name__}")
+        _check_int("max_new_tokens", max_new_tokens, 1)
+        _check_int("batch_size", batch_size, 1)
+        if num_draft_tokens != "auto":
+            _check_int("num_draft_tokens", num_draft_tokens, 0, hint=' or "auto"')
+        if not callable(verify) and verify not in METHODS:
+            raise ValueError(f"verify={verify!r} must be one of {list(METHODS)} or a callable")
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+        if stops and self.model.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; pass an exactspec Model")
+        if not isinstance(return_logprobs, bool):
+            raise TypeError("return_logprobs must be True or False")
+        self.prompts = _encode(self.model, prompts)  # [N] token lists
+        self.drafter = drafter
+        self.batch_size = batch_size
+        self.cfg = DecodeConfig(
+            params=params, max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens,
+            verify=verify, return_logprobs=return_logprobs,
+            eos_token_ids=self.model.eos_token_ids, stop=stops, tokenizer=self.model.tokenizer,
+        )
+        self.seed = params.seed if params.seed is not None else secrets.randbits(63)
+        self.results: list[Generation] = []
+
+    def events(self) -> Iterator[tuple[int, list[int], RowOutput]]:
+        """(row, new tokens, the row's output so far) as the chunks decode; fills `results`."""
+        n = len(self.prompts)
+        dev = self.model.device
+        all_streams = RowStreams.from_seed(self.seed, n, device=dev)
+        budget = n * self.cfg.max_new_tokens
+        bar = tqdm(total=budget, unit="tok", desc="generate", leave=False,
+                   disable=True if budget < _PROGRESS_MIN_TOKENS else None)
+        t0 = time.perf_counter()
+        try:
+            for lo in range(0, n, self.batch_size):
+                rows = list(range(lo, min(n, lo + self.batch_size)))
+                streams = all_streams.select(torch.tensor(rows, dtype=torch.long, device=dev))
+                dec = BatchDecoder(self.model, self.drafter, [self.prompts[i] for i in rows],
+                                   streams, self.cfg)
+                for j, new in dec.run():
+                    out = dec.outputs[j]
+                    bar.update(len(new))
+                    if out.finish_reason is not None:
+                        bar.update(self.cfg.max_new_tokens - len(out.tokens))
+                    yield lo + j, new, out
+                self.results += [self._result(o) for o in dec.outputs]
+        finally:
+            bar.close()
+        log.info("generated %d rows, %d tokens in %.2f s", n,
+                 sum(len(g.token_ids) for g in self.results), time.perf_counter() - t0)
+
+    def _result(self, out: RowOutput) -> Generation:
+        tok = self.model.tokenizer
+        text = None
+        if tok is not None:
+            text = tok.decode(out.tokens, skip_special_tokens=True)
+            if out.cut is not None:
+                text = text[: out.cut]
+        return Generation(
+            token_ids=out.tokens,
+            text=text,
+            logprobs=out.logprobs if self.cfg.return_logprobs else None,
+            stats=out.stats,
+            finish_reason=out.finish_reason or "length",
+        )
+
+
+def _check_int(name: str, value, low: int, hint: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}={value!r} must be an int >= {low}{hint}")
+
+
+def _encode(model: Model, prompts) -> list[list[int]]:
+    """Prompts as token-id lists, validated: non-empty, ids inside the vocabulary."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not isinstance(prompts, Sequence) or isinstance(prompts, bytes):
+        raise TypeError(f"prompts must be a string, a list of strings or a list of token-id "
+                        f"lists, got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty; pass at least one prompt")
+    vocab = model.vocab_size
+    if all(isinstance(p, str) for p in prompts):
+        if model.tokenizer is None:
+            raise ValueError("text prompts need a tokenizer; pass token ids or an exactspec Model")
+        cache: dict[str, list[int]] = {}
+        out = []
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"prompt {i} is empty")
+            if p not in cache:
+                cache[p] = model.encode(p)
+            out.append(cache[p])
+    elif all(isinstance(p, Sequence) and not isinstance(p, str) for p in prompts):
+        out = []
+        for i, p in enumerate(prompts):
+            ids = list(p)
+            if not ids:
+                raise ValueError(f"prompt {i} is empty")
+            if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+                raise TypeError(f"prompt {i} must hold int token ids")
+            if min(ids) < 0 or max(ids) >= vocab:
+                raise ValueError(f"prompt {i} has a token id outside [0, {vocab})")
+            out.append(ids)
+    else:
+        raise TypeError("prompts must be a string, a list of strings or a list of token-id lists "
+                        "(one list per prompt: [[1, 2, 3]], not [1, 2, 3])")
+    for i, p in enumerate(out):
+        if not p:
+            raise ValueError(f"prompt {i} encodes to no tokens")
+    return out

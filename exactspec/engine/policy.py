@@ -1,0 +1,77 @@
+"""Draft length: fixed, or "auto" per row from observed acceptance and measured step costs."""
+
+from __future__ import annotations
+
+import torch
+
+AUTO_MAX_DRAFT = 8  # the longest draft "auto" proposes
+
+
+def expected_tokens(alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Tokens emitted per step with K drafts and per-token acceptance alpha (Leviathan eq. 1).
+
+    (1 - alpha^(K+1)) / (1 - alpha), the recovered / bonus token included.
+    """
+    alpha = alpha.clamp(0.0, 1.0 - 1e-6)
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+class DraftLengthPolicy:
+    """Chooses each row's draft length before a step.
+
+    Fixed: always `num_draft_tokens`. Auto: row b keeps an acceptance estimate
+    alpha_b = (accepted + 1) / (accepted + rejections + 2) (a rejection is a step that did not
+    keep its whole draft), and picks K in 1..AUTO_MAX_DRAFT maximising tokens per second,
+    expected_tokens(alpha_b, K) / (K * draft_cost + target_cost(K + 1)), with draft_cost the
+    measured seconds per draft position and target_cost(w) the measured seconds of a target
+    forward of width w (a line fitted through the widths seen so far).
+    """
+
+    def __init__(self, num_draft_tokens: int | str, num_rows: int) -> None:
+        self.auto = num_draft_tokens == "auto"  # adapt per row
+        self.fixed = 4 if self.auto else int(num_draft_tokens)  # the fixed length, or the start
+        self.accepted = torch.zeros(num_rows)  # [B] drafts kept so far
+        self.rejections = torch.zeros(num_rows)  # [B] steps that rejected a draft
+        self.draft_cost: float | None = None  # EMA seconds per draft position
+        self.target_cost: dict[int, float] = {}  # width -> EMA seconds per target forward
+
+    def choose(self) -> torch.Tensor:  # [B] long
+        b = self.accepted.shape[0]
+        if not self.auto or self.draft_cost is None or not self.target_cost:
+            return torch.full((b,), self.fixed, dtype=torch.long)
+        alpha = (self.accepted + 1) / (self.accepted + self.rejections + 2)  # [B]
+        ks = torch.arange(1, AUTO_MAX_DRAFT + 1, dtype=torch.float64)  # [Kc]
+        cost = ks * self.draft_cost + torch.tensor([self._target_cost(int(k) + 1) for k in ks])
+        rate = expected_tokens(alpha[:, None].double(), ks[None, :]) / cost[None, :]  # [B, Kc]
+        return (rate.argmax(1) + 1).long()
+
+    def _target_cost(self, width: int) -> float:
+        seen = sorted(self.target_cost.items())
+        if len(seen) == 1:
+            return seen[0][1]
+        w = torch.tensor([s[0] for s in seen], dtype=torch.float64)
+        t = torch.tensor([s[1] for s in seen], dtype=torch.float64)
+        slope = float(((w - w.mean()) * (t - t.mean())).sum() / ((w - w.mean()) ** 2).sum())
+        return max(float(t.mean()) + max(slope, 0.0) * (width - float(w.mean())), 1e-9)
+
+    def observe(self, drafted: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Per row: drafts proposed [B] and kept [B] in the last step."""
+        drafted, accepted = drafted.cpu().double(), accepted.cpu().double()
+        self.accepted += accepted
+        self.rejections += ((accepted < drafted) & (drafted > 0)).double()
+
+    def observe_costs(self, draft_seconds: float, num_draft: int, target_seconds: float,
+                      width: int) -> None:
+        if num_draft > 0:
+            self._ema_draft(draft_seconds / num_draft)
+        old = self.target_cost.get(width)
+        self.target_cost[width] = target_seconds if old is None else 0.8 * old + 0.2 * target_seconds
+
+    def _ema_draft(self, per_token: float) -> None:
+        d = self.draft_cost
+        self.draft_cost = per_token if d is None else 0.8 * d + 0.2 * per_token
+
+    def select(self, rows: torch.Tensor) -> None:
+        rows = rows.cpu()
+        self.accepted = self.accepted[rows]
+        self.rejections = self.rejections[rows]

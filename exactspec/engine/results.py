@@ -1,0 +1,66 @@
+"""What `generate` returns: the tokens, the text, their log-probabilities, and step statistics."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    """How one row's generation went. Every target forward is one step.
+
+    mean_acceptance_length counts the recovered / bonus token: it is tokens emitted per target
+    forward, 1.0 for plain decoding, at most K+1.
+    """
+
+    steps: int = 0  # target forwards (verification steps) for this row
+    drafted: int = 0  # draft tokens proposed to this row
+    accepted: int = 0  # draft tokens the verifier kept
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps with draft i kept
+    emitted: int = 0  # tokens in token_ids
+    seconds: float = 0.0  # wall time from the start of the row's batch to the row's end
+    prefill_seconds: float = 0.0  # of which: the batch's prompt prefill
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / drafted (0.0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per target forward, the recovered / bonus token included."""
+        return self.emitted / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """emitted / seconds: the row's own rate within its batch."""
+        return self.emitted / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        """Fields and derived rates, JSON-ready."""
+        out = asdict(self)
+        out.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_acceptance_length=self.mean_acceptance_length,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return out
+
+    def summary(self) -> str:
+        """One line for logs and the CLI."""
+        line = (f"{self.emitted} tokens in {self.seconds:.2f} s ({self.tokens_per_second:.1f} tok/s), "
+                f"{self.steps} target steps, {self.mean_acceptance_length:.2f} tokens/step")
+        if self.drafted:
+            line += f", acceptance {self.accepted}/{self.drafted} = {self.acceptance_rate:.1%}"
+        return line
+
+
+@dataclass
+class Generation:
+    """One row's output. token_ids holds generated tokens only (an EOS that ended it included)."""
+
+    token_ids: list[int]  # generated tokens, never the prompt
+    text: str | None  # decoded without special tokens, cut before a stop string; None without tokenizer
+    logprobs: list[float] | None  # log p of each token under the target's standardized distribution
+    stats: GenerationStats  # steps, acceptance, timing
+    finish_reason: str = "length"  # "eos" | "stop" (a stop string) | "length" (max_new_tokens)

@@ -1,0 +1,220 @@
+"""Target adapter: batched prefill / extend / rollback over any transformers causal LM.
+
+Layout (measured fastest here, see `exactspec bench` and the engine report): one preallocated
+KV buffer per layer, `[B, heads, slots, head_dim]`, where slot == position, written by
+position like gpt-fast. Each row keeps its own length; `extend` writes the new tokens at
+`lengths[b] ..` and `commit` / `rewind` only move the per-row length, so rolling back rejected
+draft tokens costs nothing and rows may accept different numbers of tokens (ragged acceptance).
+Stale slots beyond a row's length are masked out and overwritten by the next `extend`.
+The attention mask is built here as a 4D additive mask, so transformers never has to infer
+positions from the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache
+
+_SUPPORTED_ATTENTION = ("eager", "sdpa")
+
+
+class SlotCache(Cache):
+    """KV cache of per-row slots written by position; `update` returns the first `view_len` slots.
+
+    The adapter sets `write_index` ([B, T] slots to write) and `view_len` before each forward.
+    """
+
+    def __init__(self, batch_size: int, capacity: int) -> None:
+        super().__init__(layers=[])
+        self.rows = batch_size  # rows in the buffers
+        self.capacity = capacity  # slots allocated per row (grows on demand)
+        self.keys: list[torch.Tensor] = []  # per layer, [B, H, capacity, D]
+        self.values: list[torch.Tensor] = []  # per layer, [B, H, capacity, D]
+        self.write_index: torch.Tensor | None = None  # [B, T] slots the next forward writes
+        self.write_start: int | None = None  # set when every row writes at the same slot
+        self.view_len = 0  # slots returned to attention by the next forward
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        # key_states, value_states: [B, H, T, D]
+        while len(self.keys) <= layer_idx:
+            self.keys.append(None)
+            self.values.append(None)
+        if self.keys[layer_idx] is None or self.keys[layer_idx].shape[2] < self.view_len:
+            self._grow(layer_idx, key_states, value_states)
+        k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        t = key_states.shape[2]
+        if self.write_start is not None:
+            k_buf[:, :, self.write_start : self.write_start + t] = key_states
+            v_buf[:, :, self.write_start : self.write_start + t] = value_states
+        else:
+            b, h, _, d = key_states.shape
+            idx = self.write_index[:, None, :, None].expand(b, h, t, d)  # [B, H, T, D]
+            k_buf.scatter_(2, idx, key_states)
+            v_buf.scatter_(2, idx, value_states)
+        return k_buf[:, :, : self.view_len], v_buf[:, :, : self.view_len]
+
+    def _grow(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.capacity = max(self.capacity, self.view_len)
+        old_k, old_v = self.keys[layer_idx], self.values[layer_idx]
+        b, h, _, d = key_states.shape
+        new_k = key_states.new_zeros(b, h, self.capacity, d)
+        new_v = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1])
+        if old_k is not None:
+            new_k[:, :, : old_k.shape[2]] = old_k
+            new_v[:, :, : old_v.shape[2]] = old_v
+        self.keys[layer_idx], self.values[layer_idx] = new_k, new_v
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` ([R] long) of every buffer, in that order (repeats allowed)."""
+        self.keys = [k.index_select(0, rows) if k is not None else None for k in self.keys]
+        self.values = [v.index_select(0, rows) if v is not None else None for v in self.values]
+        self.rows = int(rows.numel())
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.view_len
+
+
+def unwrap_model(model) -> PreTrainedModel:
+    """The transformers model inside an `exactspec.Model`, or `model` itself."""
+    if isinstance(model, PreTrainedModel):
+        return model
+    inner = getattr(model, "model", None)
+    if isinstance(inner, PreTrainedModel):
+        return inner
+    raise TypeError(
+        f"expected an exactspec Model or a transformers PreTrainedModel, got {type(model).__name__}"
+    )
+
+
+class TargetAdapter:
+    """Batched incremental forward passes of a causal LM with free rollback.
+
+    Protocol: `prefill(prompts)` caches each row's tokens; `extend(tokens)` runs T new tokens
+    per row on top of each row's committed length and returns their logits without committing
+    them; `commit(n)` keeps the first n of them per row; `rewind(lengths)` sets lengths
+    directly; `select(rows)` drops finished rows. Works on any device the model lives on.
+    """
+
+    def __init__(self, model, *, pad_token_id: int = 0) -> None:
+        self.model = unwrap_model(model)
+        impl = getattr(self.model.config, "_attn_implementation", "eager")
+        if impl not in _SUPPORTED_ATTENTION:
+            raise ValueError(
+                f"attention implementation {impl!r} is not supported; load the model with "
+                f"attn_implementation='sdpa' or 'eager'"
+            )
+        first = next(self.model.parameters())
+        self.device = first.device  # where every tensor of this adapter lives
+        self.dtype = first.dtype  # model dtype, for the additive mask
+        text_config = self.model.config.get_text_config(decoder=True)
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])  # logits width
+        self.max_context = int(getattr(text_config, "max_position_embeddings", 1 << 30))
+        layer_types = getattr(text_config, "layer_types", None) or []
+        self._sliding_window = getattr(text_config, "sliding_window", None)
+        self._mask_by_layer_type = any(t != "full_attention" for t in layer_types)
+        if self._mask_by_layer_type and set(layer_types) - {"full_attention", "sliding_attention"}:
+            raise ValueError(f"unsupported layer types {sorted(set(layer_types))}")
+        self.pad_token_id = pad_token_id  # filler for ragged inputs; never attended to
+        self.cache: SlotCache | None = None
+        self.lengths = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] committed slots
+        self._last_width = 0  # T of the last extend, bounds commit
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.lengths.numel())
+
+    def prefill(self, prompts: list[list[int]], *, capacity: int | None = None) -> None:
+        """Cache every token of every row (rows may differ in length; empty rows allowed).
+
+        Identical rows are run once and copied. `capacity` preallocates slots per row.
+        """
+        uniq: dict[tuple[int, ...], int] = {}
+        inverse = [uniq.setdefault(tuple(p), len(uniq)) for p in prompts]
+        unique = [list(p) for p in uniq]
+        lens = [len(p) for p in unique]
+        width = max(lens, default=0)
+        cap = max(capacity or 0, width, 1)
+        self.cache = SlotCache(len(unique), cap)
+        self.lengths = torch.zeros(len(unique), dtype=torch.long, device=self.device)
+        if width > 0:
+            tokens = torch.full((len(unique), width), self.pad_token_id, dtype=torch.long)
+            for i, p in enumerate(unique):
+                tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+            self.extend(tokens.to(self.device), logits_to_keep=1)
+            self.commit(torch.tensor(lens, dtype=torch.long, device=self.device))
+        if len(unique) != len(prompts):
+            self.select(torch.tensor(inverse, dtype=torch.long, device=self.device))
+
+    @torch.inference_mode()
+    def extend(
+        self,
+        tokens: torch.Tensor,  # [B, T] long
+        *,
+        return_hidden: bool = False,
+        logits_to_keep: int = 0,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Run T tokens per row after each row's committed length; nothing is committed.
+
+        Returns logits [B, T, V] float (the last `logits_to_keep` positions if nonzero), and
+        with `return_hidden` also the last hidden states [B, T, H].
+        """
+        assert self.cache is not None, "prefill first"
+        b, t = tokens.shape
+        assert b == self.batch_size, (b, self.batch_size)
+        start = self.lengths  # [B]
+        positions = start[:, None] + torch.arange(t, device=self.device)  # [B, T]
+        view_len = int(start.max()) + t if b else t
+        if view_len > self.max_context:
+            raise ValueError(
+                f"sequence of {view_len} tokens exceeds the model's context of {self.max_context}"
+            )
+        lo, hi = int(start.min()), int(start.max())
+        self.cache.write_start = lo if lo == hi else None
+        self.cache.write_index = positions
+        self.cache.view_len = view_len
+        if view_len > self.cache.capacity:
+            self.cache.capacity = max(view_len, self.cache.capacity * 3 // 2 + 64)
+        out = self.model(
+            input_ids=tokens,
+            attention_mask=self._mask(positions, view_len),
+            position_ids=positions,
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=return_hidden,
+            logits_to_keep=logits_to_keep,
+        )
+        self._last_width = t
+        if return_hidden:
+            return out.logits, out.hidden_states[-1]
+        return out.logits
+
+    def _mask(self, positions: torch.Tensor, view_len: int):
+        # positions: [B, T]; slot j is visible to the query at position i iff j <= i
+        slots = torch.arange(view_len, device=self.device)  # [S]
+        visible = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
+        neg = torch.finfo(self.dtype).min
+        full = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        full = full.masked_fill(~visible, neg)[:, None]  # [B, 1, T, S]
+        if not self._mask_by_layer_type:
+            return full
+        window = slots[None, None, :] > positions[:, :, None] - self._sliding_window
+        sliding = full.masked_fill(~window[:, None], neg)  # [B, 1, T, S]
+        return {"full_attention": full, "sliding_attention": sliding}
+
+    def commit(self, num_tokens: torch.Tensor) -> None:
+        """Keep the first `num_tokens[b]` ([B] long, 0..T) tokens of the last extend per row."""
+        assert bool((num_tokens >= 0).all()) and bool((num_tokens <= self._last_width).all())
+        self.lengths = self.lengths + num_tokens.to(self.device)
+
+    def rewind(self, lengths: torch.Tensor) -> None:
+        """Set each row's committed length ([B] long); slots past it are forgotten."""
+        assert bool((lengths <= self.lengths + self._last_width).all())
+        self.lengths = lengths.to(self.device).clone()
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` ([R] long, repeats allowed), e.g. to drop finished rows."""
+        assert self.cache is not None
+        rows = rows.to(self.device)
+        self.cache.select(rows)
+        self.lengths = self.lengths.index_select(0, rows)
