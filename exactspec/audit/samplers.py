@@ -1,0 +1,160 @@
+"""The real speculative sampler as an audit `Scheme`, and batched simulation of whole generations.
+
+`Speculative(method, K)` enumerates exactly through `acceptance_law` and draws through `verify`:
+the audit checks the library's own code, never a copy of it. Pitfalls (`pitfalls.py`) subclass
+it and change one thing each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from exactspec.audit.exact import StepLaw, draft_blocks, normalise
+from exactspec.audit.world import World
+from exactspec.sampling import (
+    DOMAIN_ACCEPT,
+    DOMAIN_DRAFT,
+    DOMAIN_RESAMPLE,
+    AcceptanceLaw,
+    acceptance_law,
+    sample_from_weights,
+    uniforms,
+    verify,
+)
+
+
+@dataclass
+class Drafted:
+    """K draft tokens per row and the tables verify needs, for a batch of contexts."""
+
+    tokens: torch.Tensor  # [B, K] long: the draft tokens
+    uniforms: torch.Tensor  # [B, K] float64: the uniform each draft token was drawn with
+    target: torch.Tensor  # [B, K+1, V] float64: p after the context and each draft prefix
+    claimed: torch.Tensor | None  # [B, K, V] float64: q handed to verify; None = point mass
+    draft: torch.Tensor  # [B, K, V] float64: the distributions the drafts were drawn from
+
+
+def draft_batch(world: World, lengths: torch.Tensor, ids: torch.Tensor, k: int,
+                generator: torch.Generator) -> Drafted:
+    """Draw K draft tokens after each context (lengths [B], ids [B]) by inverse CDF of the draft."""
+    v, bsz = world.vocab, len(ids)
+    u = uniforms(generator, bsz, k, DOMAIN_DRAFT)  # [B, K]
+    rows, tokens = [], []
+    cur = ids
+    for i in range(k):
+        rows.append(world.row(lengths + i, cur))
+        x = sample_from_weights(world.draft[rows[-1]], u[:, i])  # [B]
+        tokens.append(x)
+        cur = cur * v + x
+    rows.append(world.row(lengths + k, cur))
+    table = torch.stack(rows, 1)  # [B, K+1]
+    claimed = None if world.claimed is None else world.claimed[table[:, :k]]
+    drafts = torch.stack(tokens, 1) if k else torch.zeros(bsz, 0, dtype=torch.long)
+    return Drafted(drafts, u, world.target[table], claimed, world.draft[table[:, :k]])
+
+
+def law_residuals(law: AcceptanceLaw, k: int) -> torch.Tensor:  # [B, K+1, V] float64
+    """The normalised law of the extra token for every n = 0 .. K."""
+    bsz = law.accept_probs.shape[0]
+    return torch.stack([normalise(law.residual(torch.full((bsz,), n, dtype=torch.long)))
+                        for n in range(k + 1)], 1)
+
+
+def emitted_tokens(drafts: torch.Tensor, n: torch.Tensor,
+                   extra: torch.Tensor) -> torch.Tensor:  # [B, K+1] -1 padded
+    """Accepted drafts (the first n), then the extra token, then -1."""
+    bsz, k = drafts.shape
+    tokens = torch.full((bsz, k + 1), -1, dtype=torch.long)
+    keep = torch.arange(k)[None, :] < n[:, None]
+    tokens[:, :k] = torch.where(keep, drafts, -1)
+    tokens[torch.arange(bsz), n] = extra
+    return tokens
+
+
+def draw_from_law(law: AcceptanceLaw, generator: torch.Generator
+                  ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, K+1], n [B]
+    """Draw n and the extra token from a (possibly wrong) law, as verify does from the real one."""
+    bsz = law.accept_probs.shape[0]
+    n = sample_from_weights(law.accept_probs, uniforms(generator, bsz, 1, DOMAIN_ACCEPT)[:, 0])
+    extra = sample_from_weights(law.residual(n), uniforms(generator, bsz, 1, DOMAIN_RESAMPLE)[:, 0])
+    return emitted_tokens(law.draft_tokens.long(), n, extra), n
+
+
+@dataclass
+class Speculative:
+    """The library's verifier `method` with K draft tokens drawn from the world's draft."""
+
+    method: str  # "token" | "block" | "greedy"
+    num_draft: int  # K
+
+    @property
+    def name(self) -> str:
+        return self.method
+
+    def law(self, target: torch.Tensor, tokens: torch.Tensor,
+            claimed: torch.Tensor | None) -> AcceptanceLaw:
+        """The exact acceptance law; pitfalls wrap it."""
+        return acceptance_law(target, tokens, claimed, method=self.method)
+
+    def verdict(self, drafted: Drafted, generator: torch.Generator
+                ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, K+1], n [B]
+        """One batched draw: the real `verify`."""
+        out = verify(drafted.target, drafted.tokens, drafted.claimed, method=self.method,
+                     generator=generator)
+        return out.tokens, out.num_accepted
+
+    def step_law(self, world: World, length: int) -> StepLaw:
+        """Exact law of one step after every context of `length` tokens (blocks of q = 0 skipped)."""
+        k, v = self.num_draft, world.vocab
+        blocks = draft_blocks(world, length, k)
+        n_ctx, n_blocks = blocks.prob.shape
+        prob = blocks.prob.reshape(-1)  # [C*N]
+        live = (prob > 0).nonzero()[:, 0]  # blocks the drafter can produce
+        tokens = blocks.tokens.repeat(n_ctx, 1)[live]
+        target = blocks.target.reshape(-1, k + 1, v)[live]
+        claimed = None if blocks.claimed is None else blocks.claimed.reshape(-1, k, v)[live]
+        law = self.law(target, tokens, claimed)
+        joint = torch.zeros(n_ctx * n_blocks, k + 1, dtype=torch.float64)
+        joint[live] = prob[live, None] * law.accept_probs
+        extra = torch.zeros(n_ctx * n_blocks, k + 1, v, dtype=torch.float64)
+        extra[live] = law_residuals(law, k)
+        return StepLaw(blocks.tokens, joint.reshape(n_ctx, n_blocks, k + 1),
+                       extra.reshape(n_ctx, n_blocks, k + 1, v))
+
+    def draw(self, world: World, lengths: torch.Tensor, ids: torch.Tensor,
+             generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft after each context and verify, batched: tokens [B, K+1] -1 padded, n [B]."""
+        return self.verdict(draft_batch(world, lengths, ids, self.num_draft, generator), generator)
+
+
+def simulate(world: World, scheme: Speculative, length: int, rows: int,
+             generator: torch.Generator) -> torch.Tensor:  # [rows, length] long
+    """Generate `rows` independent sequences of `length` tokens with `scheme`, all batched.
+
+    Each round, every unfinished row runs one speculative step (one batched verify call).
+    """
+    v = world.vocab
+    out = torch.full((rows, length), -1, dtype=torch.long)
+    lengths = torch.zeros(rows, dtype=torch.long)
+    ids = torch.zeros(rows, dtype=torch.long)
+    active = torch.arange(rows)
+    while active.numel():
+        tokens, n = scheme.draw(world, lengths[active], ids[active], generator)
+        start, cur = lengths[active], ids[active]  # [A]
+        for j in range(tokens.shape[1]):
+            emit = j <= n  # the step emits n + 1 tokens
+            write = (emit & (start + j < length)).nonzero()[:, 0]
+            out[active[write], start[write] + j] = tokens[write, j]
+            cur = torch.where(emit, cur * v + tokens[:, j].clamp(min=0), cur)
+        lengths[active] = start + n + 1
+        ids[active] = cur
+        active = active[lengths[active] < length]
+    return out
+
+
+def sequence_ids(sequences: torch.Tensor, vocab: int) -> torch.Tensor:  # [B] long
+    """Base-V id of each row of `sequences` [B, L], matching `output_law`'s indexing."""
+    powers = vocab ** torch.arange(sequences.shape[1] - 1, -1, -1)
+    return (sequences * powers).sum(-1)
