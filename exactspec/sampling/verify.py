@@ -59,28 +59,33 @@ class AcceptanceLaw:
     lengths: torch.Tensor  # [B] long: real draft tokens per row
     weights: torch.Tensor  # [B, K+1] float64: block verification's p_i (all ones otherwise)
 
-    def residual(self, n: torch.Tensor) -> torch.Tensor:  # n [B] -> [B, V] float64, unnormalised
-        """Weights of the extra token after n accepted drafts (bonus when n == length)."""
+    def residual(self, n: torch.Tensor) -> torch.Tensor:  # n [B] -> [B, V], unnormalised
+        """Weights of the extra token after n accepted drafts (bonus when n == length).
+
+        Computed in the dtype of the probabilities (float32 subtraction of two probabilities is
+        exact to a relative 6e-8 of the result); the draw's cumulative sum is float64.
+        """
         b = torch.arange(n.shape[0], device=n.device)
-        p_n = self.target_probs[b, n].to(torch.float64)  # [B, V]
+        out = self.target_probs[b, n]  # [B, V] a copy: advanced indexing
         if self.method == "greedy":
-            out = torch.zeros_like(p_n)
-            out[b, p_n.argmax(-1)] = 1.0
+            top = out.argmax(-1)
+            out.zero_()
+            out[b, top] = 1.0
             return out
-        rejected = n < self.lengths  # [B]: a draft was rejected at position n
-        k = self.draft_tokens.shape[1]
-        if k == 0 or not bool(rejected.any()):
-            return p_n
-        n_draft = n.clamp(max=k - 1)
-        w = self.weights[b, n][:, None]  # [B, 1]
+        rows = (n < self.lengths).nonzero().squeeze(-1)  # rows where a draft was rejected at n
+        if rows.numel() == 0:
+            return out
+        n_r = n[rows]
+        p_r = out[rows]  # [R, V]
         if self.draft_probs is None:  # point mass: q is one-hot at x, the residual is p without x
-            res = p_n.clone()
-            res[b, self.draft_tokens[b, n_draft].clamp(min=0)] = 0.0
+            res = p_r.clone()
+            res[torch.arange(rows.numel(), device=n.device), self.draft_tokens[rows, n_r]] = 0.0
         else:  # norm(max(w * p - q, 0)); w == 1 for token-level verification
-            res = (w * p_n - self.draft_probs[b, n_draft].to(torch.float64)).clamp(min=0.0)
+            w = self.weights[rows, n_r].to(p_r.dtype)[:, None]  # [R, 1]
+            res = (w * p_r - self.draft_probs[rows, n_r]).clamp_(min=0.0)
         empty = res.sum(-1) <= 0
-        res = torch.where(empty[:, None], p_n, res)
-        return torch.where(rejected[:, None], res, p_n)
+        out[rows] = torch.where(empty[:, None], p_r, res)
+        return out
 
 
 def acceptance_law(
@@ -89,6 +94,7 @@ def acceptance_law(
     draft_probs: torch.Tensor | None = None,  # [B, K, V] or None (point-mass draft)
     *,
     method: str = "token",
+    check: bool = True,
 ) -> AcceptanceLaw:
     """Validate the inputs and compute the exact law of n (number accepted) for `method`.
 
@@ -105,11 +111,13 @@ def acceptance_law(
         norm(max(w_n p_{n+1} - q_{n+1}, 0)) if n < K, else from p_{K+1}.
     greedy: accept while x_i == argmax p_i (ties to the lowest id); emit argmax p_{n+1}.
     A point-mass draft (draft_probs None) has q = one-hot at x.
+    `check=False` skips the O(B K V) validation of the probabilities (shapes and ids are always
+    checked); the engine uses it for distributions it made itself with probs_from_logits.
     """
     if method not in METHODS:
         raise ValueError(f"unknown verify method {method!r}; choose one of {', '.join(METHODS)}")
     p, x, q = target_probs, draft_tokens, draft_probs
-    lengths = _check_inputs(p, x, q, sampled=method != "greedy")
+    lengths = _check_inputs(p, x, q, values=check)
     bsz, k = x.shape
     dev = p.device
     weights = torch.ones(bsz, k + 1, dtype=torch.float64, device=dev)
@@ -122,6 +130,10 @@ def acceptance_law(
     p_x = p[:, :k].gather(2, xs[..., None]).squeeze(-1).to(torch.float64)  # [B, K]
     q_x = (torch.ones_like(p_x) if q is None
            else q.gather(2, xs[..., None]).squeeze(-1).to(torch.float64))  # [B, K]
+
+    if q is not None and method != "greedy" and ((q_x <= 0) & valid).any():
+        raise ValueError("a draft token has q(x) = 0 under draft_probs: it cannot have been "
+                         "sampled from q; pass the exact distribution the draft used")
 
     if method == "greedy":
         ok = (xs == p[:, :k].argmax(-1)) & valid  # [B, K]
@@ -144,8 +156,8 @@ def acceptance_law(
         if q is None:  # one-hot q at x_{i+1}: s_i = w_i (1 - p_{i+1}(x_{i+1})) since w_i p <= 1
             s = w_i * (1.0 - p_x[:, i])
         else:
-            s = (w_i[:, None] * p[:, i].to(torch.float64) - q[:, i].to(torch.float64)
-                 ).clamp(min=0.0).sum(-1)
+            s = (w_i[:, None].to(p.dtype) * p[:, i] - q[:, i]).clamp_(min=0.0).sum(-1)
+            s = s.to(torch.float64)
         den = s + (1.0 - w_i)
         h[:, i] = torch.where(den > 0, s / den.clamp(min=1e-300), torch.zeros_like(s))
     rows = torch.arange(bsz, device=dev)
@@ -168,6 +180,7 @@ def verify(
     *,
     method: str = "token",
     generator: Randomness = None,
+    check: bool = True,
 ) -> Verdict:
     """Keep a prefix of the drafts and emit one more token; lossless for "token" and "block".
 
@@ -175,7 +188,7 @@ def verify(
     its exact law (equivalent in distribution to the per-token coin flips), one more draws the
     extra token by inverse CDF. `generator` is a torch.Generator, one per row, or RowStreams.
     """
-    law = acceptance_law(target_probs, draft_tokens, draft_probs, method=method)
+    law = acceptance_law(target_probs, draft_tokens, draft_probs, method=method, check=check)
     bsz, k = draft_tokens.shape
     dev = target_probs.device
     if method == "greedy":
@@ -195,7 +208,7 @@ def verify(
 
 
 def _check_inputs(p: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None,
-                  *, sampled: bool) -> torch.Tensor:  # -> lengths [B]
+                  *, values: bool = True) -> torch.Tensor:  # -> lengths [B]
     """Shapes, ids and probabilities; every user mistake becomes a ValueError/TypeError."""
     if not isinstance(p, torch.Tensor) or not p.is_floating_point() or p.dim() != 3:
         raise TypeError("target_probs must be a float tensor [B, K+1, V]")
@@ -216,30 +229,30 @@ def _check_inputs(p: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None,
         raise ValueError("draft_tokens may hold -1 only as padding at the end of a row")
     if (x < -1).any() or (x >= vocab).any():
         raise ValueError(f"draft token id out of range: ids must be in [0, {vocab}) (-1 = padding)")
+    if not values:
+        return lengths
     tol = 1e-2 if p.dtype in (torch.float16, torch.bfloat16) else 1e-4
     # only the positions a row uses are checked: target 0..length, draft 0..length-1
     used_p = torch.arange(k1, device=p.device)[None, :] <= lengths[:, None]  # [B, K+1]
     _check_distribution(p, used_p, "target_probs", tol)
     if q is not None:
         _check_distribution(q, valid, "draft_probs", tol)
-        if sampled and k1 > 1:
-            q_x = q.gather(2, x.clamp(min=0)[..., None]).squeeze(-1)
-            if ((q_x <= 0) & valid).any():
-                raise ValueError("a draft token has q(x) = 0 under draft_probs: it cannot have been "
-                                 "sampled from q; pass the exact distribution the draft used")
     return lengths
 
 
 def _check_distribution(t: torch.Tensor, used: torch.Tensor, name: str, tol: float) -> None:
-    """Non-negative, finite, and summing to 1 at the used positions."""
-    sel = t[used]  # [N, V]
-    if sel.numel() == 0:
+    """Non-negative, finite, and summing to 1 at the used positions.
+
+    One sum and one min over V: a NaN or inf anywhere in a row makes its sum non-finite.
+    """
+    sums = t.sum(-1)[used]  # [N]
+    if sums.numel() == 0:
         return
-    if not torch.isfinite(sel).all():
+    if not torch.isfinite(sums).all():
         raise ValueError(f"{name} contains NaN or inf")
-    if (sel < 0).any():
+    if (t.amin(-1)[used] < 0).any():
         raise ValueError(f"{name} contains negative probabilities")
-    err = (sel.to(torch.float64).sum(-1) - 1.0).abs().max()
+    err = (sums.to(torch.float64) - 1.0).abs().max()
     if err > tol:
         raise ValueError(f"{name} rows must sum to 1 (off by {float(err):.3g}, tolerance {tol}); "
                          "pass probabilities from probs_from_logits, not logits")
