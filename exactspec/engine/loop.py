@@ -146,8 +146,9 @@ class BatchDecoder:
                 prev = prefix_history(hist, ends)  # [B, K+1, T']
             plen = prompt_lengths[:, None].expand(-1, k + 1)  # [B, K+1]
             p = probs_from_logits(logits, params, prev, plen)  # [B, K+1, V]
-            # 3. verify (plain decoding: one draw from p)
-            if k == 0:
+            # 3. verify (plain decoding: one draw from p). With a drafter, rows always go through
+            # verify, even when no row drafted, so a row's randomness never depends on the others.
+            if self.drafter is None:
                 tok = sample(p[:, 0], streams, domain=DOMAIN_SAMPLE)  # [B]
                 verdict = Verdict(tokens=tok[:, None], num_accepted=torch.zeros_like(tok))
             elif callable(cfg.verify):
