@@ -122,14 +122,25 @@ def power(null: torch.Tensor, alternative: torch.Tensor, samples: int, *,
 
 
 def samples_for_power(null: torch.Tensor, alternative: torch.Tensor, *, target: float = 0.999,
-                      alpha: float = ALPHA, start: int = 1000, limit: int = 10**8) -> int:
-    """Smallest sample size (doubling from `start`) whose `power` reaches `target`."""
-    n = start
-    while n <= limit:
-        if power(null, alternative, n, alpha=alpha) >= target:
-            return n
-        n *= 2
-    raise ValueError(f"no sample size up to {limit} reaches power {target}: the laws are too close")
+                      alpha: float = ALPHA, start: int = 10, limit: int = 10**8) -> int:
+    """Smallest sample size (to within 5%) whose `power` reaches `target`.
+
+    Doubles from `start` until the power suffices, then bisects the last doubling.
+    """
+    hi = start
+    while power(null, alternative, hi, alpha=alpha) < target:
+        hi *= 2
+        if hi > limit:
+            raise ValueError(f"no sample size up to {limit} reaches power {target}: "
+                             "the laws are too close")
+    lo = hi // 2
+    while hi - lo > max(1, hi // 20):
+        mid = (lo + hi) // 2
+        if power(null, alternative, mid, alpha=alpha) >= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def bincount(ids: torch.Tensor, bins: int) -> torch.Tensor:  # [bins] float64

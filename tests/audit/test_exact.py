@@ -45,7 +45,7 @@ def positional_case(draw):
     return positional_world(p, q), k
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(positional_case())
 def test_token_and_block_lossless_per_position(case):
     world, k = case
@@ -56,7 +56,7 @@ def test_token_and_block_lossless_per_position(case):
         assert float(law.sum()) == pytest.approx(1.0, abs=EXACT)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(vocab=st.integers(2, 4), k=st.integers(1, 3), seed=st.integers(0, 2**31),
        zeros=st.sampled_from([0.0, 0.3, 0.6]),
        draft=st.sampled_from(["sampled", "point_mass", "disjoint"]))
@@ -78,7 +78,7 @@ def test_every_prefix_length(length):
         assert tv_distance(law, target_law(world, length)) < EXACT
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(vocab=st.integers(2, 4), k=st.integers(1, 3), seed=st.integers(0, 2**31),
        draft=st.sampled_from(["sampled", "point_mass", "disjoint"]))
 def test_greedy_equals_argmax_decoding(vocab, k, seed, draft):
@@ -88,7 +88,7 @@ def test_greedy_equals_argmax_decoding(vocab, k, seed, draft):
     assert tv_distance(law, target_law(world, k + 2, greedy=True)) < EXACT
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(vocab=st.integers(2, 4), k=st.integers(1, 3), seed=st.integers(0, 2**31),
        zeros=st.sampled_from([0.0, 0.3]), draft=st.sampled_from(["sampled", "point_mass"]))
 def test_block_accepts_at_least_as_many_as_token(vocab, k, seed, zeros, draft):
