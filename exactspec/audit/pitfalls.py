@@ -17,6 +17,7 @@ lossless; the audit shows the exact TV distance is positive and the chi-square t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -28,6 +29,7 @@ from exactspec.sampling import (
     DOMAIN_RESAMPLE,
     AcceptanceLaw,
     SamplingParams,
+    Verdict,
     acceptance_law,
     sample_from_weights,
     uniforms,
@@ -73,6 +75,23 @@ class WrongResidual(Speculative):
     def verdict(self, drafted: Drafted, generator: torch.Generator
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         return draw_from_law(self.law(drafted.target, drafted.tokens, drafted.claimed), generator)
+
+
+def wrong_verify(law_class: type[AcceptanceLaw], method: str = "token") -> Callable[..., Verdict]:
+    """A function with `exactspec.verify`'s signature whose residual is `law_class`'s.
+
+    Plug it into the engine (`generate(..., verify=wrong_verify(ResidualFromTarget))`) to show
+    that an end-to-end test catches a wrong sampler.
+    """
+    def wrong(target_probs: torch.Tensor, draft_tokens: torch.Tensor,
+              draft_probs: torch.Tensor | None = None, *, generator=None, **_) -> Verdict:
+        real = acceptance_law(target_probs, draft_tokens, draft_probs, method=method)
+        law = law_class(**{f.name: getattr(real, f.name) for f in fields(real)})
+        tokens, n = draw_from_law(law, generator)
+        return Verdict(tokens=tokens, num_accepted=n)
+
+    wrong.__name__ = f"wrong_verify_{law_class.__name__}"
+    return wrong
 
 
 def shared_uniform_accept(target: torch.Tensor, draft: torch.Tensor,

@@ -66,10 +66,11 @@ def emitted_tokens(drafts: torch.Tensor, n: torch.Tensor,
                    extra: torch.Tensor) -> torch.Tensor:  # [B, K+1] -1 padded
     """Accepted drafts (the first n), then the extra token, then -1."""
     bsz, k = drafts.shape
-    tokens = torch.full((bsz, k + 1), -1, dtype=torch.long)
-    keep = torch.arange(k)[None, :] < n[:, None]
+    dev = drafts.device
+    tokens = torch.full((bsz, k + 1), -1, dtype=torch.long, device=dev)
+    keep = torch.arange(k, device=dev)[None, :] < n[:, None]
     tokens[:, :k] = torch.where(keep, drafts, -1)
-    tokens[torch.arange(bsz), n] = extra
+    tokens[torch.arange(bsz, device=dev), n] = extra
     return tokens
 
 

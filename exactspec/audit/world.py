@@ -13,6 +13,7 @@ a one-hot `draft` and `claimed = None` (verify gets `draft_probs=None`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -166,6 +167,35 @@ def folded_world(vocab: int, depth: int, params: SamplingParams, seed: int, *,
     p = standardize(target_logits, vocab, depth, params, prompt)
     q = standardize(draft_logits, vocab, depth, params, prompt)
     return World(name or "folded params", vocab, depth, p, q, q)
+
+
+def logits_table(forward: Callable[[torch.Tensor], torch.Tensor], prompt: Sequence[int],
+                 vocab: int, depth: int, chunk: int = 4096) -> torch.Tensor:  # [S, V] float64
+    """A model's next-token logits after prompt + every context of length < depth.
+
+    forward(ids [N, T] long) -> logits [N, T, V], e.g. `lambda ids: model(ids).logits` for a
+    transformers causal LM. One pass over every context of length depth - 1 gives all shorter
+    contexts too (their rows are prefixes of those sequences).
+    """
+    longest = _contexts(vocab, depth - 1)  # [V**(depth-1), depth-1]
+    ids = torch.cat([torch.tensor(list(prompt), dtype=torch.long).expand(len(longest), -1),
+                     longest], 1)
+    with torch.no_grad():
+        logits = torch.cat([forward(ids[i:i + chunk]).to(torch.float64)
+                            for i in range(0, len(ids), chunk)])  # [N, T, V]
+    out = []
+    for length in range(depth):
+        rows = torch.arange(vocab**length) * vocab ** (depth - 1 - length)  # c followed by 0s
+        out.append(logits[rows, len(prompt) - 1 + length])
+    return torch.cat(out)
+
+
+def model_world(target_logits: torch.Tensor, draft_logits: torch.Tensor, vocab: int, depth: int,
+                params: SamplingParams, prompt: Sequence[int], name: str = "models") -> World:
+    """p and q standardized from two models' logits tables (see `logits_table`)."""
+    p = standardize(target_logits, vocab, depth, params, tuple(prompt))
+    q = standardize(draft_logits, vocab, depth, params, tuple(prompt))
+    return World(name, vocab, depth, p, q, q)
 
 
 def target_law(world: World, length: int, *, greedy: bool = False) -> torch.Tensor:

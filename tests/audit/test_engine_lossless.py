@@ -1,0 +1,97 @@
+"""End to end: `exactspec.generate` with a drafter emits exactly the target's distribution.
+
+Statistical test (alpha = 1e-6 per check, fixed seeds). Tiny random Llama models with an
+8-token vocabulary are built here from a config (no downloads). The exact law of the first
+N generated tokens comes from full forward passes of the target over every continuation of the
+prompt, standardized by probs_from_logits with the same SamplingParams; one batched generate
+call over many copies of the prompt is tested against it. The same test fails when a wrong
+sampler (residual = p) is plugged in as a callable verify; its power at this sample size is
+computed from the wrong sampler's exact law on the same models.
+"""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from exactspec.audit import output_law, power, target_law
+from exactspec.audit.pitfalls import ResidualFromTarget, WrongResidual, wrong_verify
+from exactspec.audit.samplers import sequence_ids
+from exactspec.audit.stats import bincount, chi_square
+from exactspec.audit.world import logits_table, model_world
+from exactspec.drafters import DraftModel, PromptLookup
+from exactspec.engine import generate
+from exactspec.sampling import SamplingParams
+
+V, N, K = 8, 3, 2  # vocabulary, generated tokens compared (512 outcomes), drafts per step
+ROWS = 8000  # copies of the prompt in one generate call
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # repeats, so prompt lookup finds something to copy
+FILTERED = SamplingParams(temperature=0.8, top_k=6, top_p=0.9)
+PENALISED = SamplingParams(repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2,
+                           min_p=0.05)
+
+
+def tiny_llama(seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      bos_token_id=None, pad_token_id=None, eos_token_id=None,
+                      tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(5.0)  # a spread of probabilities, neither flat nor one-hot
+    model.generation_config.eos_token_id = None  # no early stop: every row makes N tokens
+    return model
+
+
+@pytest.fixture(scope="module")
+def models():
+    target, draft = tiny_llama(0), tiny_llama(1)
+    depth = N + K  # contexts up to N - 1 + K generated tokens
+
+    def table(model):
+        return logits_table(lambda ids: model(ids).logits, PROMPT, V, depth)
+
+    return target, draft, table(target), table(draft)
+
+
+def _world(models, params):
+    _, _, target_logits, draft_logits = models
+    return model_world(target_logits, draft_logits, V, N + K, params, PROMPT)
+
+
+def _counts(models, drafter, params, verify, seed):
+    """Counts [V**N] of the first N tokens of ROWS generations, and the accepted drafts."""
+    target = models[0]
+    gens = generate(target, [PROMPT] * ROWS, drafter=drafter, params=replace(params, seed=seed),
+                    max_new_tokens=N + K,  # so no step near the first N tokens drafts fewer
+                    num_draft_tokens=K, verify=verify, batch_size=ROWS)
+    seqs = torch.tensor([g.token_ids[:N] for g in gens])  # [ROWS, N]
+    return bincount(sequence_ids(seqs, V), V**N), sum(g.stats.accepted for g in gens)
+
+
+@pytest.mark.parametrize(("drafter", "params", "method"), [
+    pytest.param("draft model", FILTERED, "token", id="draft-filtered-token"),
+    pytest.param("draft model", FILTERED, "block", id="draft-filtered-block"),
+    pytest.param("draft model", PENALISED, "block", id="draft-penalised-block"),
+    pytest.param("prompt lookup", FILTERED, "token", id="lookup-filtered-token"),
+    pytest.param("prompt lookup", PENALISED, "block", id="lookup-penalised-block"),
+])
+def test_generate_matches_the_target(models, drafter, params, method):
+    make = {"draft model": lambda: DraftModel(models[1]), "prompt lookup": PromptLookup}[drafter]
+    counts, accepted = _counts(models, make(), params, method, seed=5)
+    assert accepted > ROWS // 10  # drafts were really used, not only bonus tokens
+    result = chi_square(counts, target_law(_world(models, params), N))
+    assert result.dof > 30 and not result.rejected, result
+
+
+def test_a_wrong_sampler_in_the_engine_is_caught(models):
+    world = _world(models, FILTERED)
+    target = target_law(world, N)
+    wrong = output_law(world, WrongResidual("token", K, ResidualFromTarget, "from p"), N)
+    assert power(target, wrong, ROWS) > 1 - 1e-6  # ROWS suffices to see it
+    counts, _ = _counts(models, DraftModel(models[1]), FILTERED,
+                        wrong_verify(ResidualFromTarget), seed=6)
+    assert chi_square(counts, target).rejected
+    assert not chi_square(counts, wrong).rejected  # the engine did run the modelled sampler
