@@ -24,6 +24,7 @@ class DraftBlocks:
 
     tokens: torch.Tensor  # [N, K] long: all V**K blocks, row i = base-V digits of i
     prob: torch.Tensor  # [C, N] float64: P(block | context) under the drafting distribution
+    picked: torch.Tensor  # [C, N, K] float64: the drafting probability of each block token
     target: torch.Tensor  # [C, N, K+1, V] float64: p after the context and each block prefix
     draft: torch.Tensor  # [C, N, K, V] float64: the distributions the drafts are drawn from
     claimed: torch.Tensor | None  # [C, N, K, V] float64: q handed to verify; None = point mass
@@ -68,7 +69,7 @@ def draft_blocks(world: World, length: int, k: int) -> DraftBlocks:
     draft = world.draft[rows[..., :k]]  # [C, N, K, V]
     picked = draft.gather(-1, tokens[None, :, :, None].expand(len(ctx), -1, -1, 1))[..., 0]
     claimed = None if world.claimed is None else world.claimed[rows[..., :k]]
-    return DraftBlocks(tokens, picked.prod(-1), target, draft, claimed)
+    return DraftBlocks(tokens, picked.prod(-1), picked, target, draft, claimed)
 
 
 def normalise(weights: torch.Tensor) -> torch.Tensor:  # [..., V] -> [..., V]

@@ -109,8 +109,13 @@ def worlds(cfg: AuditConfig) -> list[World]:
 
 def audit_cases(cfg: AuditConfig) -> list[AuditCase]:
     """Every method on every world, then every pitfall."""
+    methods = ("token", "block", "greedy")
     cases = [AuditCase(w.name, w, Speculative(m, cfg.num_draft), True, greedy=m == "greedy")
-             for w in worlds(cfg) for m in ("token", "block", "greedy")]
+             for w in worlds(cfg) for m in methods]
+    ragged = random_world(cfg.vocab, cfg.depth, 6, zeros=0.2)  # rows padded with -1
+    cases += [AuditCase("ragged drafts (0..K)", ragged,
+                        Speculative(m, cfg.num_draft, ragged=True), True, greedy=m == "greedy")
+              for m in methods]
     cases += [AuditCase(p.name, p.world, p.scheme, False)
               for p in pitfalls(cfg.vocab, cfg.depth, cfg.num_draft)]
     return cases

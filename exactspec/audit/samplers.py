@@ -7,7 +7,7 @@ it and change one thing each.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -85,14 +85,26 @@ def draw_from_law(law: AcceptanceLaw, generator: torch.Generator
 
 @dataclass
 class Speculative:
-    """The library's verifier `method` with K draft tokens drawn from the world's draft."""
+    """The library's verifier `method` with K draft tokens drawn from the world's draft.
+
+    ragged=True: after a context of length l and id c the drafter proposes only
+    (c + l) mod (K + 1) tokens (0 .. K, padded with -1), like a prompt-lookup drafter that
+    sometimes finds less to copy; the engine passes such rows to verify.
+    """
 
     method: str  # "token" | "block" | "greedy"
     num_draft: int  # K
+    ragged: bool = field(default=False, kw_only=True)  # fewer drafts after some contexts
 
     @property
     def name(self) -> str:
         return self.method
+
+    def draft_counts(self, lengths: torch.Tensor | int, ids: torch.Tensor) -> torch.Tensor:
+        """Number of real drafts after each context [B] (K unless ragged)."""
+        if not self.ragged:
+            return torch.full_like(ids, self.num_draft)
+        return (ids + lengths) % (self.num_draft + 1)
 
     def law(self, target: torch.Tensor, tokens: torch.Tensor,
             claimed: torch.Tensor | None) -> AcceptanceLaw:
@@ -111,9 +123,13 @@ class Speculative:
         k, v = self.num_draft, world.vocab
         blocks = draft_blocks(world, length, k)
         n_ctx, n_blocks = blocks.prob.shape
-        prob = blocks.prob.reshape(-1)  # [C*N]
+        counts = self.draft_counts(length, torch.arange(n_ctx))  # [C]
+        beyond = torch.arange(k)[None, None, :] >= counts[:, None, None]  # [C, 1, K] padding
+        # a short row is one block: its padding positions are enumerated as token 0 only
+        canonical = ~(beyond & (blocks.tokens[None] != 0)).any(-1)  # [C, N]
+        prob = (torch.where(beyond, 1.0, blocks.picked).prod(-1) * canonical).reshape(-1)
         live = (prob > 0).nonzero()[:, 0]  # blocks the drafter can produce
-        tokens = blocks.tokens.repeat(n_ctx, 1)[live]
+        tokens = torch.where(beyond, -1, blocks.tokens[None]).reshape(-1, k)[live]
         target = blocks.target.reshape(-1, k + 1, v)[live]
         claimed = None if blocks.claimed is None else blocks.claimed.reshape(-1, k, v)[live]
         law = self.law(target, tokens, claimed)
@@ -127,7 +143,12 @@ class Speculative:
     def draw(self, world: World, lengths: torch.Tensor, ids: torch.Tensor,
              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft after each context and verify, batched: tokens [B, K+1] -1 padded, n [B]."""
-        return self.verdict(draft_batch(world, lengths, ids, self.num_draft, generator), generator)
+        drafted = draft_batch(world, lengths, ids, self.num_draft, generator)
+        if self.ragged:
+            counts = self.draft_counts(lengths, ids)  # [B]
+            short = torch.arange(self.num_draft)[None, :] >= counts[:, None]
+            drafted = replace(drafted, tokens=drafted.tokens.masked_fill(short, -1))
+        return self.verdict(drafted, generator)
 
 
 def simulate(world: World, scheme: Speculative, length: int, rows: int,

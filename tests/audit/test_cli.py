@@ -1,5 +1,7 @@
 """`exactspec explain` and `exactspec audit`: output and exit codes."""
 
+import re
+
 import pytest
 
 from exactspec import cli
@@ -42,7 +44,8 @@ def test_explain_bad_input_exits_2(args, capsys):
 def test_audit_passes(capsys):
     assert cli.main(["audit", "--samples", "20000", "--seed", "1"]) == 0
     out = capsys.readouterr().out
-    assert "32/32 cases as expected" in out
+    done, total = re.search(r"(\d+)/(\d+) cases as expected", out).groups()
+    assert done == total and int(total) >= 35
     for name in ("resample from p", "|p - q| residual", "temperature mismatch", "unfiltered q",
                  "shared uniforms"):
         line = next(x for x in out.splitlines() if x.startswith(name))

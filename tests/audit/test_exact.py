@@ -59,14 +59,16 @@ def test_token_and_block_lossless_per_position(case):
 @settings(max_examples=60, deadline=None)
 @given(vocab=st.integers(2, 4), k=st.integers(1, 3), seed=st.integers(0, 2**31),
        zeros=st.sampled_from([0.0, 0.3, 0.6]),
-       draft=st.sampled_from(["sampled", "point_mass", "disjoint"]))
-def test_token_and_block_lossless_context_dependent(vocab, k, seed, zeros, draft):
-    """p and q depend on every earlier token; drafts sampled, point-mass, or disjoint from p."""
+       draft=st.sampled_from(["sampled", "point_mass", "disjoint"]), ragged=st.booleans())
+def test_token_and_block_lossless_context_dependent(vocab, k, seed, zeros, draft, ragged):
+    """p and q depend on every earlier token; drafts sampled, point-mass, or disjoint from p;
+    ragged: some contexts get fewer than K drafts (rows padded with -1), including none."""
     length = k + 2
     world = random_world(vocab, length + k, seed, zeros=zeros, draft=draft)
     target = target_law(world, length)
     for method in ("token", "block"):
-        assert tv_distance(output_law(world, Speculative(method, k), length), target) < EXACT
+        law = output_law(world, Speculative(method, k, ragged=ragged), length)
+        assert tv_distance(law, target) < EXACT
 
 
 @pytest.mark.parametrize("length", [1, 2, 3, 4, 5])
@@ -84,7 +86,7 @@ def test_every_prefix_length(length):
 def test_greedy_equals_argmax_decoding(vocab, k, seed, draft):
     """Greedy verification emits exactly the argmax-decoded sequence, whatever the drafts."""
     world = random_world(vocab, k + 2 + k, seed, zeros=0.3, draft=draft)
-    law = output_law(world, Speculative("greedy", k), k + 2)
+    law = output_law(world, Speculative("greedy", k, ragged=seed % 2 == 1), k + 2)
     assert tv_distance(law, target_law(world, k + 2, greedy=True)) < EXACT
 
 
