@@ -58,7 +58,7 @@ def draft_batch(world: World, lengths: torch.Tensor, ids: torch.Tensor, k: int,
 def law_residuals(law: AcceptanceLaw, k: int) -> torch.Tensor:  # [B, K+1, V] float64
     """The normalised law of the extra token for every n = 0 .. K."""
     bsz = law.accept_probs.shape[0]
-    return torch.stack([normalise(law.residual(torch.full((bsz,), n, dtype=torch.long)))
+    return torch.stack([normalise(law.residual(torch.full((bsz,), n, dtype=torch.long)).double())
                         for n in range(k + 1)], 1)
 
 
@@ -95,6 +95,7 @@ class Speculative:
     method: str  # "token" | "block" | "greedy"
     num_draft: int  # K
     ragged: bool = field(default=False, kw_only=True)  # fewer drafts after some contexts
+    dtype: torch.dtype = field(default=torch.float64, kw_only=True)  # of p and q given to verify
 
     @property
     def name(self) -> str:
@@ -109,13 +110,19 @@ class Speculative:
     def law(self, target: torch.Tensor, tokens: torch.Tensor,
             claimed: torch.Tensor | None) -> AcceptanceLaw:
         """The exact acceptance law; pitfalls wrap it."""
+        target, claimed = self.cast(target, claimed)
         return acceptance_law(target, tokens, claimed, method=self.method)
+
+    def cast(self, target: torch.Tensor, claimed: torch.Tensor | None
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """p and q in the dtype verify is given (the engine's models give float32)."""
+        return target.to(self.dtype), None if claimed is None else claimed.to(self.dtype)
 
     def verdict(self, drafted: Drafted, generator: torch.Generator
                 ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, K+1], n [B]
         """One batched draw: the real `verify`."""
-        out = verify(drafted.target, drafted.tokens, drafted.claimed, method=self.method,
-                     generator=generator)
+        target, claimed = self.cast(drafted.target, drafted.claimed)
+        out = verify(target, drafted.tokens, claimed, method=self.method, generator=generator)
         return out.tokens, out.num_accepted
 
     def step_law(self, world: World, length: int) -> StepLaw:

@@ -131,3 +131,15 @@ def test_enumeration_is_not_the_target_in_disguise():
     fake = type(world)("q as target", 3, 3, fake.target, world.draft, world.claimed)
     law = output_law(fake, Speculative("token", 1), 1)
     assert law.tolist() == pytest.approx([0.4, 0.5, 0.1], abs=EXACT)
+
+
+@settings(max_examples=20, deadline=None)
+@given(vocab=st.integers(2, 4), k=st.integers(1, 3), seed=st.integers(0, 2**31),
+       draft=st.sampled_from(["sampled", "point_mass"]))
+def test_float32_probabilities_lossless_to_rounding(vocab, k, seed, draft):
+    """The engine hands verify float32 p and q: lossless up to float32 rounding (~1e-8)."""
+    world = random_world(vocab, 2 * k + 2, seed, zeros=0.3, draft=draft)
+    target = target_law(world, k + 2)
+    for method in ("token", "block"):
+        law = output_law(world, Speculative(method, k, dtype=torch.float32), k + 2)
+        assert tv_distance(law, target) < 1e-6
