@@ -71,6 +71,17 @@ def test_token_and_block_lossless_context_dependent(vocab, k, seed, zeros, draft
         assert tv_distance(law, target) < EXACT
 
 
+@pytest.mark.parametrize("ragged", [False, True])
+@pytest.mark.parametrize("draft", ["sampled", "point_mass", "disjoint"])
+def test_largest_case(draft, ragged):
+    """V = 4, K = 3, L = 5 (1024 outcomes over up to 5 steps), every kind of draft."""
+    world = random_world(4, 8, seed=11, zeros=0.25, draft=draft)
+    target = target_law(world, 5)
+    for method in ("token", "block"):
+        law = output_law(world, Speculative(method, 3, ragged=ragged), 5)
+        assert tv_distance(law, target) < EXACT
+
+
 @pytest.mark.parametrize("length", [1, 2, 3, 4, 5])
 def test_every_prefix_length(length):
     """The first L tokens match for short L too (L <= K + 1 ends inside the first step)."""
