@@ -14,10 +14,16 @@ import math
 from dataclasses import dataclass
 
 import torch
-from scipy import stats
 
 ALPHA = 1e-6  # default false-alarm rate of every statistical check
 MIN_EXPECTED = 5.0  # bins expecting fewer counts than this are pooled
+
+
+def _scipy_stats():
+    """scipy.stats, imported on first use: it costs ~1 s, and the CLI imports this module."""
+    from scipy import stats
+
+    return stats
 
 
 @dataclass(frozen=True)
@@ -87,12 +93,12 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor, *, alpha: float = ALPH
         return ChiSquare(math.inf, dof, _threshold(alpha, dof), 0.0, alpha, samples, impossible)
     if dof == 0:  # a single outcome is possible: the sample either matches it or is impossible
         return ChiSquare(0.0, 0, 0.0, 1.0, alpha, samples, 0)
-    return ChiSquare(statistic, dof, _threshold(alpha, dof), float(stats.chi2.sf(statistic, dof)),
+    return ChiSquare(statistic, dof, _threshold(alpha, dof), float(_scipy_stats().chi2.sf(statistic, dof)),
                      alpha, samples, 0)
 
 
 def _threshold(alpha: float, dof: int) -> float:
-    return float(stats.chi2.isf(alpha, dof)) if dof > 0 else 0.0
+    return float(_scipy_stats().chi2.isf(alpha, dof)) if dof > 0 else 0.0
 
 
 def power(null: torch.Tensor, alternative: torch.Tensor, samples: int, *,
@@ -117,7 +123,7 @@ def power(null: torch.Tensor, alternative: torch.Tensor, samples: int, *,
     if dof == 0:
         return 1.0 - never_impossible
     lam = samples * float(((a - p) ** 2 / p.clamp(min=1e-300)).sum())
-    chi_power = float(stats.ncx2.sf(_threshold(alpha, dof), dof, lam)) if lam > 0 else alpha
+    chi_power = float(_scipy_stats().ncx2.sf(_threshold(alpha, dof), dof, lam)) if lam > 0 else alpha
     return 1.0 - never_impossible * (1.0 - chi_power)
 
 
