@@ -15,11 +15,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from exactspec.audit import output_law, power, target_law
+from exactspec.audit import Speculative, output_law, power, target_law
 from exactspec.audit.pitfalls import ResidualFromTarget, WrongResidual, wrong_verify
 from exactspec.audit.samplers import sequence_ids
 from exactspec.audit.stats import bincount, chi_square
-from exactspec.audit.world import logits_table, model_world
+from exactspec.audit.world import World, logits_table, model_world, standardize
 from exactspec.drafters import DraftModel, PromptLookup
 from exactspec.engine import generate
 from exactspec.sampling import SamplingParams
@@ -86,7 +86,7 @@ def test_generate_matches_the_target(models, drafter, params, method):
     assert result.dof > 30 and not result.rejected, result
 
 
-def test_a_wrong_sampler_in_the_engine_is_caught(models):
+def test_a_wrong_verify_in_the_engine_is_caught(models):
     world = _world(models, FILTERED)
     target = target_law(world, N)
     wrong = output_law(world, WrongResidual("token", K, ResidualFromTarget, "from p"), N)
@@ -95,3 +95,44 @@ def test_a_wrong_sampler_in_the_engine_is_caught(models):
                         wrong_verify(ResidualFromTarget), seed=6)
     assert chi_square(counts, target).rejected
     assert not chi_square(counts, wrong).rejected  # the engine did run the modelled sampler
+
+
+TEMPERATURE = SamplingParams(temperature=0.5)  # the target's; the wrong drafter draws at 1.0
+
+
+class HotDrafter:
+    """Wrong drafter: samples at temperature 1.0, but reports q at the target's temperature.
+
+    q at T is recovered from the T = 1 draw as q1^(1/T) normalised (no filters are active), so
+    the reported q is the draft model's standardized distribution, but not the one it drew from.
+    """
+
+    def __init__(self, inner: DraftModel) -> None:
+        self.inner = inner
+
+    def begin(self, context, target) -> None:
+        self.inner.begin(context, target)
+
+    def select(self, rows) -> None:
+        self.inner.select(rows)
+
+    def propose(self, context, num_tokens):
+        hot = replace(context, params=replace(context.params, temperature=1.0))
+        drafts, q1 = self.inner.propose(hot, num_tokens)  # [B, K], [B, K, V] at T = 1
+        claimed = q1.double() ** (1.0 / context.params.temperature)
+        return drafts, (claimed / claimed.sum(-1, keepdim=True)).to(q1.dtype)
+
+
+def test_a_wrong_drafter_in_the_engine_is_caught(models):
+    """The temperature-mismatch pitfall through a real drafter: caught end to end."""
+    _, _, target_logits, draft_logits = models
+    depth = N + K
+    good = model_world(target_logits, draft_logits, V, depth, TEMPERATURE, PROMPT)
+    drawn = standardize(draft_logits, V, depth, SamplingParams(), tuple(PROMPT))
+    bad = World("hot drafter", V, depth, good.target, drawn, good.claimed)
+    target = target_law(good, N)
+    wrong = output_law(bad, Speculative("token", K), N)
+    assert power(target, wrong, ROWS) > 1 - 1e-6
+    counts, _ = _counts(models, HotDrafter(DraftModel(models[1])), TEMPERATURE, "token", seed=7)
+    assert chi_square(counts, target).rejected
+    assert not chi_square(counts, wrong).rejected
