@@ -1,5 +1,8 @@
 """The audit: every verify method on every kind of world, and every pitfall, exactly and by sampling.
 
+Cases: token / block / greedy on random p/q, zeros, point-mass drafts, disjoint supports,
+sampling parameters folded into both p and q, ragged draft rows and float32 probabilities; then
+every pitfall of `pitfalls.py`.
 A lossless case passes when its exact TV distance from the target is ~0 (rounding only) and the
 chi-square test at false-alarm rate alpha does not reject. A pitfall is caught when its exact
 TV is clearly positive and the chi-square test rejects. The greedy method's target is argmax
@@ -72,7 +75,7 @@ class AuditRow:
     tv: float  # exact total-variation distance from the target over the first L tokens
     test: ChiSquare  # chi-square test of the sampled sequences against the target
     power: float | None  # pitfalls: probability the test rejects at this sample size
-    needed: int | None  # pitfalls: samples for 99.9% power (doubling from 1000)
+    needed: int | None  # pitfalls: samples giving the test 99.9% power (to within 5%)
 
     @property
     def ok(self) -> bool:
