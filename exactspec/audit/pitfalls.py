@@ -56,6 +56,11 @@ class AbsoluteResidual(AcceptanceLaw):
         return torch.where(rejected, (p_n - q_n).abs(), super().residual(n))
 
 
+def rewrap(law: AcceptanceLaw, law_class: type[AcceptanceLaw]) -> AcceptanceLaw:
+    """The same law (accept_probs, tables) as an instance of `law_class` (another residual)."""
+    return law_class(**{f.name: getattr(law, f.name) for f in fields(law)})
+
+
 @dataclass
 class WrongResidual(Speculative):
     """The real token/block acceptance law, with its residual replaced by `law_class`'s."""
@@ -69,8 +74,7 @@ class WrongResidual(Speculative):
 
     def law(self, target: torch.Tensor, tokens: torch.Tensor,
             claimed: torch.Tensor | None) -> AcceptanceLaw:
-        real = super().law(target, tokens, claimed)
-        return self.law_class(**{f.name: getattr(real, f.name) for f in fields(real)})
+        return rewrap(super().law(target, tokens, claimed), self.law_class)
 
     def verdict(self, drafted: Drafted, generator: torch.Generator
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,8 +90,7 @@ def wrong_verify(law_class: type[AcceptanceLaw], method: str = "token") -> Calla
     def wrong(target_probs: torch.Tensor, draft_tokens: torch.Tensor,
               draft_probs: torch.Tensor | None = None, *, generator=None, **_) -> Verdict:
         real = acceptance_law(target_probs, draft_tokens, draft_probs, method=method)
-        law = law_class(**{f.name: getattr(real, f.name) for f in fields(real)})
-        tokens, n = draw_from_law(law, generator)
+        tokens, n = draw_from_law(rewrap(real, law_class), generator)
         return Verdict(tokens=tokens, num_accepted=n)
 
     wrong.__name__ = f"wrong_verify_{law_class.__name__}"
@@ -123,6 +126,7 @@ class SharedUniforms(Speculative):
         return self.label
 
     def step_law(self, world: World, length: int) -> StepLaw:
+        assert not self.ragged and self.method == "token", "shared uniforms: full token rows only"
         real = super().step_law(world, length)  # for the residuals of the extra token
         k = self.num_draft
         blocks = draft_blocks(world, length, k)
