@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from exactspec.audit.exact import output_law, tv_distance
+from exactspec.audit.exact import expected_accepted, output_law, tv_distance
 from exactspec.audit.pitfalls import pitfalls
 from exactspec.audit.samplers import Speculative, sequence_ids, simulate
 from exactspec.audit.stats import (
@@ -73,6 +73,7 @@ class AuditRow:
 
     case: AuditCase  # what was run
     tv: float  # exact total-variation distance from the target over the first L tokens
+    accepted: float  # exact expected number of accepted drafts in the first step
     test: ChiSquare  # chi-square test of the sampled sequences against the target
     power: float | None  # pitfalls: probability the test rejects at this sample size
     needed: int | None  # pitfalls: samples giving the test 99.9% power (to within 5%)
@@ -141,9 +142,10 @@ def run_case(case: AuditCase, cfg: AuditConfig, generator: torch.Generator) -> A
     seqs = simulate(case.world, case.scheme, length, rows, generator)  # [rows, L]
     test = chi_square(bincount(sequence_ids(seqs, v), v**length), reference, alpha=cfg.alpha)
     tv = tv_distance(law, reference)
+    accepted = float(expected_accepted(case.world, case.scheme)[0])
     if case.lossless or tv <= PITFALL_TV:
-        return AuditRow(case, tv, test, None, None)
-    return AuditRow(case, tv, test, power(reference, law, rows, alpha=cfg.alpha),
+        return AuditRow(case, tv, accepted, test, None, None)
+    return AuditRow(case, tv, accepted, test, power(reference, law, rows, alpha=cfg.alpha),
                     samples_for_power(reference, law, alpha=cfg.alpha))
 
 
@@ -176,12 +178,12 @@ def run_audit(cfg: AuditConfig | None = None, *, progress: bool = True) -> list[
 
 def format_table(rows: list[AuditRow], cfg: AuditConfig) -> str:
     """One line per case: case, method, exact TV, chi-square statistic, threshold, verdict."""
-    head = ("case", "method", "exact TV", "chi2", "dof", "threshold", "power", "n(99.9%)",
-            "verdict")
+    head = ("case", "method", "E[acc]", "exact TV", "chi2", "dof", "threshold", "power",
+            "n(99.9%)", "verdict")
     body = []
     for r in rows:
         t = r.test
-        body.append((r.case.case, r.case.scheme.method, f"{r.tv:.2e}",
+        body.append((r.case.case, r.case.scheme.method, f"{r.accepted:.3f}", f"{r.tv:.2e}",
                      "inf" if t.statistic == float("inf") else f"{t.statistic:.1f}",
                      str(t.dof), f"{t.threshold:.1f}" if t.dof else "-",
                      "-" if r.power is None else f"{r.power:.6f}",
@@ -194,7 +196,8 @@ def format_table(rows: list[AuditRow], cfg: AuditConfig) -> str:
         f"chi-square false-alarm rate {cfg.alpha:g}, seed {cfg.seed}",
         "lossless: exact TV < 1e-9 (1e-6 for float32) and the test accepts; caught: exact TV > 1e-6 and the test "
         "rejects (pitfalls run the token method with one deliberate bug); power: chance the "
-        "test catches the pitfall at this sample size, n(99.9%): samples needed for 99.9%",
+        "test catches the pitfall at this sample size, n(99.9%): samples needed for 99.9%; "
+        "E[acc]: exact expected accepted drafts per step (block >= token)",
         "",
         fmt.format(*head),
         fmt.format(*("-" * w for w in widths)),

@@ -88,8 +88,8 @@ class Speculative:
     """The library's verifier `method` with K draft tokens drawn from the world's draft.
 
     ragged=True: after a context of length l and id c the drafter proposes only
-    (c + l) mod (K + 1) tokens (0 .. K, padded with -1), like a prompt-lookup drafter that
-    sometimes finds less to copy; the engine passes such rows to verify.
+    K - (c + l) mod (K + 1) tokens (0 .. K, padded with -1; K at the start), like a
+    prompt-lookup drafter that sometimes finds less to copy; the engine passes such rows to verify.
     """
 
     method: str  # "token" | "block" | "greedy"
@@ -105,7 +105,7 @@ class Speculative:
         """Number of real drafts after each context [B] (K unless ragged)."""
         if not self.ragged:
             return torch.full_like(ids, self.num_draft)
-        return (ids + lengths) % (self.num_draft + 1)
+        return self.num_draft - (ids + lengths) % (self.num_draft + 1)
 
     def law(self, target: torch.Tensor, tokens: torch.Tensor,
             claimed: torch.Tensor | None) -> AcceptanceLaw:

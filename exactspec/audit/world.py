@@ -102,8 +102,9 @@ def random_world(vocab: int, depth: int, seed: int, *, zeros: float = 0.0,
     if draft == "sampled":
         q = _random_dist(rows, vocab, gen, zeros)
         return World(name or "random p/q", vocab, depth, p, q, q)
-    if draft == "point_mass":
-        q = _one_hot(torch.randint(vocab, (rows,), generator=gen), vocab)
+    if draft == "point_mass":  # often p's mode, sometimes not (like an n-gram guess)
+        noisy = p + 0.5 * torch.rand(rows, vocab, generator=gen, dtype=torch.float64)
+        q = _one_hot(noisy.argmax(-1), vocab)
         return World(name or "point-mass drafts", vocab, depth, p, q, None)
     if draft == "disjoint":
         order = torch.rand(rows, vocab, generator=gen).argsort(-1)  # random split per context
