@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log diagnostics")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_explain, _add_audit, _add_generate):
+    for add in (_add_explain, _add_audit, _add_generate, _add_train_draft):
         add(sub)
     return parser
 
@@ -103,13 +103,129 @@ def _cmd_audit(args) -> int:
 # --- generate ------------------------------------------------------------------------------
 
 def _add_generate(sub) -> None:
-    p = sub.add_parser("generate", help="generate text, speculatively")
-    p.add_argument("prompt")
+    p = sub.add_parser(
+        "generate", help="generate text, speculatively",
+        description="Stream a continuation of PROMPT, lossless: speculative decoding emits text "
+        "distributed exactly as the target model alone would. Example: exactspec generate "
+        "'Write a haiku about tea' --prompt-lookup --temperature 0.7 --seed 1",
+    )
+    p.add_argument("prompt", help="the prompt text (chat-templated unless --no-chat)")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="target: embedded name, transformers directory or .gguf file")
+    drafters = p.add_mutually_exclusive_group()
+    drafters.add_argument("--draft", metavar="MODEL", default=None,
+                          help="draft model sharing the target's vocabulary")
+    drafters.add_argument("--prompt-lookup", action="store_true",
+                          help="draft by copying n-grams from the prompt and output")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+    p.add_argument("--min-p", type=float, default=0.0, help="0 = off")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="1.0 = off")
+    p.add_argument("--seed", type=int, default=None, help="same seed, same text")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--num-draft-tokens", default="4", metavar="N|auto",
+                   help="draft tokens per step, or 'auto' to adapt per row (default 4)")
+    p.add_argument("--verify", choices=["token", "block", "greedy"], default="token",
+                   help="verification method (token and block are lossless)")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop before this text (repeatable)")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (text, token ids, stats) instead of streaming")
     p.set_defaults(run=_cmd_generate)
 
 
 def _cmd_generate(args) -> int:
-    raise UsageError("generate is not available yet")
+    import json
+
+    from exactspec.drafters import DraftModel, PromptLookup
+    from exactspec.engine import generate, stream
+    from exactspec.models import load
+    from exactspec.sampling import SamplingParams
+
+    if not args.prompt.strip():
+        raise UsageError("the prompt is empty")
+    k = args.num_draft_tokens
+    if k != "auto":
+        try:
+            k = int(k)
+        except ValueError:
+            raise UsageError(f"--num-draft-tokens must be an int or 'auto', got {k!r}") from None
+    params = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, seed=args.seed,
+    )
+    if args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    model = load(args.model)
+    drafter, drafter_name = None, "plain"
+    if args.draft:
+        drafter, drafter_name = DraftModel(load(args.draft)), f"draft {args.draft}"
+    elif args.prompt_lookup:
+        drafter, drafter_name = PromptLookup(), "prompt lookup"
+    ids = model.encode(args.prompt, chat=not args.no_chat)
+    if len(ids) >= model.max_context:
+        raise UsageError(f"the prompt has {len(ids)} tokens; {model.name} takes at most "
+                         f"{model.max_context - 1}")
+    kwargs = dict(drafter=drafter, params=params, max_new_tokens=args.max_new_tokens,
+                  num_draft_tokens=k, verify=args.verify, stop=args.stop)
+    if args.json:
+        g = generate(model, [ids], **kwargs)[0]
+        print(json.dumps({"model": model.name, "drafter": drafter_name, "text": g.text,
+                          "token_ids": g.token_ids, "finish_reason": g.finish_reason,
+                          "stats": g.stats.as_dict()}))
+        return 0
+    s = stream(model, ids, **kwargs)
+    for piece in s:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    assert s.generation is not None
+    print()
+    print(f"[{model.name}, {drafter_name}, {args.verify} verification] {s.generation.stats.summary()}")
+    return 0
+
+
+# --- train-draft ---------------------------------------------------------------------------
+
+def _add_train_draft(sub) -> None:
+    p = sub.add_parser(
+        "train-draft", help="train an EAGLE-style draft head for a target, on this CPU",
+        description="Builds training data offline (the target's own replies to the shipped "
+        "chat prompts, with its hidden states and soft labels), trains a one-layer draft head "
+        "over the target's features with a progress bar and checkpoints, then writes "
+        "OUT/head (load it with exactspec.load_drafter(OUT/head)), OUT/loss.png and "
+        "OUT/eval.json (alpha and mean acceptance length on held-out prompts, T=1 and greedy, "
+        "K=4). Example: exactspec train-draft --model smollm2-135m --out runs/head --minutes 25")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="target: embedded name, transformers directory or .gguf file")
+    p.add_argument("--out", required=True, help="output directory (data, checkpoint, head)")
+    p.add_argument("--minutes", type=float, default=25.0,
+                   help="training-loop budget in minutes, data building excluded (default 25)")
+    p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
+    p.add_argument("--max-steps", type=int, default=0, help="also stop after N steps (0 = off)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    p.set_defaults(run=_cmd_train_draft)
+
+
+def _cmd_train_draft(args) -> int:
+    import torch
+
+    from exactspec.training.train import TrainConfig, train_draft
+
+    if args.minutes < 0 or (args.minutes == 0 and args.max_steps <= 0):
+        raise UsageError("give --minutes > 0 or --max-steps > 0")
+    torch.set_num_threads(max(1, args.threads))
+    cfg = TrainConfig(model=args.model, minutes=args.minutes, max_steps=args.max_steps)
+    res = train_draft(cfg, args.out, resume=args.resume)
+    print(f"head: {res.head_dir} ({res.steps} steps, {res.train_seconds / 60:.1f} min training, "
+          f"{res.data_seconds / 60:.1f} min data)")
+    print(f"loss curve: {res.loss_png}")
+    for mode in ("t1", "greedy"):
+        e = res.eval[mode]
+        print(f"{mode:>6}: alpha by depth {e['alpha_by_depth']}, P(first k accepted) "
+              f"{e['accept_first_k']}, mean acceptance length {e['mean_acceptance_length']}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
