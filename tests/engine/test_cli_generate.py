@@ -1,0 +1,73 @@
+"""`exactspec generate` on a tiny model saved to a directory: streams text, stats, clean errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exactspec.cli import main
+from tests.engine.tiny import char_tokenizer, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    tiny_llama(0, eos=0).save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def other_vocab_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("other")
+    tiny_llama(0, vocab=70).save_pretrained(path)
+    return str(path)
+
+
+def test_streams_text_then_one_stats_line(model_dir, capsys):
+    rc = main(["generate", "hello", "--model", model_dir, "--no-chat", "--temperature", "0",
+               "--max-new-tokens", "12", "--prompt-lookup"])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 0
+    assert "prompt lookup" in out[-1] and "tokens/step" in out[-1]
+
+
+def test_json_matches_the_library(model_dir, capsys):
+    from exactspec import SamplingParams
+    from exactspec.engine import generate
+    from exactspec.models import load
+
+    rc = main(["generate", "hello", "--model", model_dir, "--no-chat", "--seed", "3",
+               "--max-new-tokens", "10", "--draft", model_dir, "--num-draft-tokens", "auto",
+               "--json"])
+    got = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    m = load(model_dir)
+    ids = m.encode("hello")
+    from exactspec.drafters import DraftModel
+    expect = generate(m, [ids], drafter=DraftModel(m), params=SamplingParams(seed=3),
+                      max_new_tokens=10, num_draft_tokens="auto")[0]
+    assert got["token_ids"] == expect.token_ids and got["text"] == expect.text
+    assert got["stats"]["steps"] == expect.stats.steps
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", ""],
+    ["generate", "hi", "--model", "no-such-model"],
+    ["generate", "hi", "--max-new-tokens", "0"],
+    ["generate", "hi", "--temperature", "-1"],
+    ["generate", "hi", "--top-p", "0"],
+    ["generate", "hi", "--num-draft-tokens", "lots"],
+    ["generate", "hi" * 400],  # longer than the tiny model's 512-token context
+    ["generate", "hi", "--draft", "OTHER"],  # vocabulary mismatch
+])
+def test_bad_input_exits_2_with_one_line(model_dir, other_vocab_dir, argv, capsys):
+    argv = [a.replace("OTHER", other_vocab_dir) for a in argv]
+    if "--model" not in argv:
+        argv += ["--model", model_dir]
+    rc = main([*argv, "--no-chat"])
+    err = [line for line in capsys.readouterr().err.strip().splitlines()
+           if line.strip() and "Loading weights" not in line]  # transformers progress bars
+    assert rc == 2
+    assert len(err) == 1 and err[0].startswith("exactspec generate: error:")
