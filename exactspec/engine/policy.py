@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 AUTO_MAX_DRAFT = 8  # the longest draft "auto" proposes
+AUTO_PROBE_EVERY = 8  # a row that stopped drafting still drafts one token every this many steps
 
 
 def expected_tokens(alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -24,7 +25,9 @@ class DraftLengthPolicy:
     keep its whole draft), and picks K in 1..AUTO_MAX_DRAFT maximising tokens per second,
     expected_tokens(alpha_b, K) / (K * draft_cost + target_cost(K + 1)), with draft_cost the
     measured seconds per draft position and target_cost(w) the measured seconds of a target
-    forward of width w (a line fitted through the widths seen so far).
+    forward of width w (a line fitted through the widths seen so far). K = 0 (plain decoding)
+    competes too, at rate 1 / target_cost(1); a row at K = 0 still drafts one token every
+    AUTO_PROBE_EVERY steps so that its acceptance estimate keeps up.
     """
 
     def __init__(self, num_draft_tokens: int | str, num_rows: int) -> None:
@@ -34,16 +37,21 @@ class DraftLengthPolicy:
         self.rejections = torch.zeros(num_rows)  # [B] steps that rejected a draft
         self.draft_cost: float | None = None  # EMA seconds per draft position
         self.target_cost: dict[int, float] = {}  # width -> EMA seconds per target forward
+        self.steps = 0  # choices made so far
 
     def choose(self) -> torch.Tensor:  # [B] long
         b = self.accepted.shape[0]
+        self.steps += 1
         if not self.auto or self.draft_cost is None or not self.target_cost:
             return torch.full((b,), self.fixed, dtype=torch.long)
         alpha = (self.accepted + 1) / (self.accepted + self.rejections + 2)  # [B]
-        ks = torch.arange(1, AUTO_MAX_DRAFT + 1, dtype=torch.float64)  # [Kc]
+        ks = torch.arange(0, AUTO_MAX_DRAFT + 1, dtype=torch.float64)  # [Kc]
         cost = ks * self.draft_cost + torch.tensor([self._target_cost(int(k) + 1) for k in ks])
         rate = expected_tokens(alpha[:, None].double(), ks[None, :]) / cost[None, :]  # [B, Kc]
-        return (rate.argmax(1) + 1).long()
+        k = rate.argmax(1).long()  # [B]
+        if self.steps % AUTO_PROBE_EVERY == 0:
+            k = k.clamp(min=1)
+        return k
 
     def _target_cost(self, width: int) -> float:
         seen = sorted(self.target_cost.items())

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from exactspec.engine.policy import AUTO_MAX_DRAFT, DraftLengthPolicy, expected_tokens
+from exactspec.engine.policy import (
+    AUTO_MAX_DRAFT,
+    AUTO_PROBE_EVERY,
+    DraftLengthPolicy,
+    expected_tokens,
+)
 
 
 def test_expected_tokens_formula():
@@ -40,7 +45,15 @@ def test_cheap_drafts_and_high_acceptance_draft_long_per_row():
 def test_expensive_drafts_draft_short():
     # a draft as costly as the target gains nothing, whatever the acceptance
     pol = _policy([500], [5], draft_cost=0.010, target_costs={5: 0.010})
-    assert pol.choose().tolist() == [1]
+    assert pol.choose().tolist() == [0]
+
+
+def test_useless_drafts_stop_but_are_probed():
+    # nothing accepted and wider forwards cost more: plain decoding, with a probe now and then
+    pol = _policy([0, 500], [200, 5], draft_cost=1e-4, target_costs={1: 0.010, 5: 0.014})
+    chosen = [pol.choose().tolist() for _ in range(AUTO_PROBE_EVERY)]
+    assert [c[0] for c in chosen] == [0] * (AUTO_PROBE_EVERY - 1) + [1]
+    assert all(c[1] >= 4 for c in chosen)
 
 
 def test_brute_force_optimum():
@@ -55,4 +68,4 @@ def test_brute_force_optimum():
             target = 0.010 + (0.003 / 3) * (kk + 1 - 3)  # the line through the two widths
             return (1 - alpha ** (kk + 1)) / (1 - alpha) / (kk * 0.002 + target)
 
-        assert k == max(range(1, AUTO_MAX_DRAFT + 1), key=rate)
+        assert k == max(range(AUTO_MAX_DRAFT + 1), key=rate)
