@@ -69,10 +69,14 @@ def stream(
     the full `Generation`. Takes the same keyword arguments as `generate`.
     """
     if not isinstance(prompt, str):
-        if isinstance(prompt, Sequence) and prompt and not isinstance(prompt[0], int):
+        if not isinstance(prompt, Sequence):
+            raise TypeError(f"prompt must be a string or a list of token ids, got "
+                            f"{type(prompt).__name__}")
+        if prompt and all(isinstance(t, int) for t in prompt):
+            prompt = [list(prompt)]
+        elif len(prompt) != 1:
             raise ValueError("stream() takes one prompt (a string or a list of token ids); "
                              "use generate() for a batch")
-        prompt = [list(prompt)]
     return TextStream(_Job(target, prompt, **_job_kwargs(kwargs)))
 
 

@@ -113,6 +113,16 @@ def test_stream_pieces_concatenate_to_the_text():
     assert "".join(pieces) == s.generation.text == full.text[: full.text.find(stop)]
 
 
+def test_stream_takes_exactly_one_prompt():
+    model = tiny_model(0)
+    params = SamplingParams(seed=1)
+    one = "".join(stream(model, "hi", params=params, max_new_tokens=5))
+    assert "".join(stream(model, ["hi"], params=params, max_new_tokens=5)) == one
+    assert "".join(stream(model, model.encode("hi"), params=params, max_new_tokens=5)) == one
+    with pytest.raises(ValueError, match="one prompt"):
+        list(stream(model, ["a", "b"], max_new_tokens=5))
+
+
 def test_max_new_tokens_is_exact(target):
     for drafter in (None, DraftModel(target), PromptLookup()):
         for m in (1, 2, 7):
