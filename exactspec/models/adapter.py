@@ -1,8 +1,10 @@
 """Target adapter: batched prefill / extend / rollback over any transformers causal LM.
 
-Layout (measured fastest here, see `exactspec bench` and the engine report): one preallocated
-KV buffer per layer, `[B, heads, slots, head_dim]`, where slot == position, written by
-position like gpt-fast. Each row keeps its own length; `extend` writes the new tokens at
+Layout: one preallocated KV buffer per layer, `[B, heads, slots, head_dim]`, where
+slot == position, written by position like gpt-fast. Measured on SmolLM2-135M shapes (CPU,
+float32, B=1 and B=8, width-5 steps): as fast as transformers' DynamicCache with `crop` (within
+the noise of this shared 2-core machine), sdpa and eager alike; chosen because rollback is free
+and ragged rows need no masked holes, no concatenation per step. Each row keeps its own length; `extend` writes the new tokens at
 `lengths[b] ..` and `commit` / `rewind` only move the per-row length, so rolling back rejected
 draft tokens costs nothing and rows may accept different numbers of tokens (ragged acceptance).
 Stale slots beyond a row's length are masked out and overwritten by the next `extend`.
