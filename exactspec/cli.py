@@ -125,7 +125,8 @@ def _add_generate(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="same seed, same text")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--num-draft-tokens", default="4", metavar="N|auto",
-                   help="draft tokens per step, or 'auto' to adapt per row (default 4)")
+                   help="draft tokens per step, or 'auto' to adapt per row from measured "
+                   "speed (still lossless, but a seed's text then depends on timings; default 4)")
     p.add_argument("--verify", choices=["token", "block", "greedy"], default="token",
                    help="verification method (token and block are lossless)")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT",

@@ -44,7 +44,9 @@ def generate(
     params: SamplingParams (default: temperature 1); row i of the call draws from its own
     stream seeded by (params.seed, i), so a row's text does not depend on the rest of the
     batch; seed None draws a fresh seed. num_draft_tokens: K, or "auto" (per row, from the
-    observed acceptance and the measured draft / target costs). verify: "token", "block",
+    observed acceptance and the measured draft / target costs; the output is still exactly
+    distributed, but which sample a seed gives then depends on timings: use a fixed K for
+    bit-reproducible text). verify: "token", "block",
     "greedy" or a callable with `exactspec.verify`'s signature, called as
     fn(target_probs, draft_tokens, draft_probs, generator=streams). stop: strings that end a
     row (the text is cut before them). return_logprobs: log p of each generated token under

@@ -39,7 +39,7 @@ def test_json_matches_the_library(model_dir, capsys):
     from exactspec.models import load
 
     rc = main(["generate", "hello", "--model", model_dir, "--no-chat", "--seed", "3",
-               "--max-new-tokens", "10", "--draft", model_dir, "--num-draft-tokens", "auto",
+               "--max-new-tokens", "10", "--draft", model_dir, "--num-draft-tokens", "3",
                "--json"])
     got = json.loads(capsys.readouterr().out)
     assert rc == 0
@@ -47,7 +47,7 @@ def test_json_matches_the_library(model_dir, capsys):
     ids = m.encode("hello")
     from exactspec.drafters import DraftModel
     expect = generate(m, [ids], drafter=DraftModel(m), params=SamplingParams(seed=3),
-                      max_new_tokens=10, num_draft_tokens="auto")[0]
+                      max_new_tokens=10, num_draft_tokens=3)[0]
     assert got["token_ids"] == expect.token_ids and got["text"] == expect.text
     assert got["stats"]["steps"] == expect.stats.steps
 
