@@ -20,14 +20,15 @@ def expected_tokens(alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 class DraftLengthPolicy:
     """Chooses each row's draft length before a step.
 
-    Fixed: always `num_draft_tokens`. Auto: row b keeps an acceptance estimate
+    Fixed: always `num_draft_tokens`. Auto: row b keeps its own acceptance estimate
     alpha_b = (accepted + 1) / (accepted + rejections + 2) (a rejection is a step that did not
-    keep its whole draft), and picks K in 1..AUTO_MAX_DRAFT maximising tokens per second,
-    expected_tokens(alpha_b, K) / (K * draft_cost + target_cost(K + 1)), with draft_cost the
-    measured seconds per draft position and target_cost(w) the measured seconds of a target
-    forward of width w (a line fitted through the widths seen so far). K = 0 (plain decoding)
-    competes too, at rate 1 / target_cost(1); a row at K = 0 still drafts one token every
-    AUTO_PROBE_EVERY steps so that its acceptance estimate keeps up.
+    keep its whole draft). The batch shares one forward of width K + 1, so every row gets the
+    K in 0..AUTO_MAX_DRAFT maximising the batch's tokens per second,
+    sum_b expected_tokens(alpha_b, K) / (K * draft_cost + target_cost(K + 1)), with draft_cost
+    the measured seconds per draft position and target_cost(w) the measured seconds of a
+    target forward of width w (a line fitted through the widths seen so far). For one row this
+    is Leviathan's optimum. K = 0 is plain decoding; then one token is still drafted every
+    AUTO_PROBE_EVERY steps so that the acceptance estimates keep up.
     """
 
     def __init__(self, num_draft_tokens: int | str, num_rows: int) -> None:
@@ -47,11 +48,11 @@ class DraftLengthPolicy:
         alpha = (self.accepted + 1) / (self.accepted + self.rejections + 2)  # [B]
         ks = torch.arange(0, AUTO_MAX_DRAFT + 1, dtype=torch.float64)  # [Kc]
         cost = ks * self.draft_cost + torch.tensor([self._target_cost(int(k) + 1) for k in ks])
-        rate = expected_tokens(alpha[:, None].double(), ks[None, :]) / cost[None, :]  # [B, Kc]
-        k = rate.argmax(1).long()  # [B]
-        if self.steps % AUTO_PROBE_EVERY == 0:
-            k = k.clamp(min=1)
-        return k
+        tokens = expected_tokens(alpha[:, None].double(), ks[None, :]).sum(0)  # [Kc]
+        k = int((tokens / cost).argmax())
+        if k == 0 and self.steps % AUTO_PROBE_EVERY == 0:
+            k = 1
+        return torch.full((b,), k, dtype=torch.long)
 
     def _target_cost(self, width: int) -> float:
         seen = sorted(self.target_cost.items())
