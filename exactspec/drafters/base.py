@@ -74,7 +74,7 @@ def history(context: DraftContext, extra: torch.Tensor | None = None) -> torch.T
     t = min(width, context.tokens.shape[1])
     out[:, :t] = context.tokens[:, :t]
     idx = context.lengths[:, None] + torch.arange(j, device=out.device)  # [B, J]
-    out.scatter_(1, idx, extra)
+    out.scatter_(1, idx, extra.to(out.device))
     return out
 
 
