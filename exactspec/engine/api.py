@@ -100,8 +100,12 @@ class TextStream:
     def __init__(self, job: _Job) -> None:
         self._job = job
         self.generation: Generation | None = None  # the finished result
+        self._started = False
 
     def __iter__(self) -> Iterator[str]:
+        if self._started:
+            raise RuntimeError("a TextStream can be iterated only once; call stream() again")
+        self._started = True
         job = self._job
         tok = job.model.tokenizer
         if tok is None:
