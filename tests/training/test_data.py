@@ -1,0 +1,45 @@
+"""Recorded training data equal a teacher-forced pass of the target over the same tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from exactspec.training.data import batches, generate_batch
+from tests.engine.tiny import tiny_llama
+
+LAYERS = (1, -1)
+
+
+def test_generate_batch_records_the_targets_features_and_p():
+    model = tiny_llama(11, eos=0)
+    prompts = [[3, 4, 5, 6, 7], [8, 9], [10, 11, 12]]
+    mass = torch.zeros(model.config.vocab_size, dtype=torch.float64)
+    seqs = generate_batch(model, prompts, hidden_layers=LAYERS, max_new_tokens=6, greedy=False,
+                          eos=[0], generator=torch.Generator().manual_seed(0), mass=mass)
+    assert [s.prompt_len for s in seqs] == [5, 2, 3]
+    total = 0
+    for s, p in zip(seqs, prompts, strict=True):
+        assert s.tokens[: len(p)].tolist() == p and 0 not in s.tokens.tolist()
+        assert len(s.tokens) <= len(p) + 6
+        with torch.no_grad():
+            out = model(input_ids=s.tokens[None], output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i] for i in LAYERS], -1)[0]
+        torch.testing.assert_close(s.feats.float(), feats, atol=2e-2, rtol=1e-2)
+        # the soft label: p = softmax(lm_head(final)) = exp(lm_head(final) - lse)
+        p_rec = torch.exp(s.final.float() @ model.lm_head.weight.T - s.lse[:, None])
+        torch.testing.assert_close(p_rec, torch.softmax(out.logits[0], -1), atol=2e-2, rtol=0)
+        total += len(s.tokens)
+    assert abs(float(mass.sum()) - total) < 1e-3  # one unit of p mass per recorded position
+
+
+def test_batches_cover_every_sequence_once():
+    model = tiny_llama(11, eos=0)
+    prompts = [[3] * n for n in (2, 3, 4, 5, 6, 7)]
+    seqs = generate_batch(model, prompts, hidden_layers=LAYERS, max_new_tokens=3, greedy=True,
+                          eos=[], generator=torch.Generator().manual_seed(0))
+    seen = []
+    for (tokens, _, _, _, n), plen in batches(seqs, 20, torch.Generator().manual_seed(1)):
+        assert tokens.shape[0] * tokens.shape[1] <= 20 or tokens.shape[0] == 1
+        seen += [tuple(tokens[i, : n[i]].tolist()) for i in range(len(n))]
+        assert plen.tolist() == [len(t) - 3 for t in seen[-len(n):]]
+    assert sorted(seen) == sorted(tuple(s.tokens.tolist()) for s in seqs)
