@@ -14,6 +14,10 @@ distribution q each token was drawn from, or None for a point-mass draft. Rollba
 hook: at the next `propose` the context shows what was kept, and a drafter with its own cache
 keeps only the prefix that agrees with it. Randomness comes from `context.streams`, domain
 `DOMAIN_DRAFT + j` for draft position j, so the draft never reuses the verifier's uniforms.
+
+A drafter that reads the target's features (EAGLE-style heads) declares a `hidden_layers`
+attribute (a tuple of indices into transformers' `hidden_states`); the engine then fills
+`DraftContext.hidden` from the target's own prefill and verification forwards, at no extra cost.
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ class DraftContext:
     prompt_lengths: torch.Tensor  # [B] long: leading tokens that are prompt (for penalties)
     params: SamplingParams  # the same parameters the target's p is standardized with
     streams: RowStreams  # one random stream per row, advanced once per engine step
+    # [B, T, F] target features aligned with `tokens`, only for drafters with `hidden_layers`:
+    # hidden[b, i] = the target's hidden states at token i for transformers' `hidden_states`
+    # indices in drafter.hidden_layers, concatenated; valid for i < lengths[b] - 1 (the last
+    # token has not been through the target yet). None for other drafters.
+    hidden: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -92,8 +92,17 @@ class BatchDecoder:
             )
         k_fixed = 0 if self.drafter is None else cfg.num_draft_tokens
         extra = 1 + (8 if k_fixed == "auto" else int(k_fixed))
-        adapter.prefill([p[:-1] for p in self.prompts], capacity=min(need + extra, adapter.max_context))
+        layers = getattr(self.drafter, "hidden_layers", None) if self.drafter else None
+        layers = tuple(layers) if layers is not None else None
+        hid0 = adapter.prefill([p[:-1] for p in self.prompts],
+                               capacity=min(need + extra, adapter.max_context), hidden_layers=layers)
         cap = longest + cfg.max_new_tokens + extra
+        hid = None  # [B, cap, F] target features per token, for drafters with hidden_layers
+        if layers is not None:
+            feat = adapter.model.config.get_text_config(decoder=True).hidden_size * len(layers)
+            hid = torch.zeros(b, cap, feat, dtype=adapter.dtype, device=dev)
+            if hid0 is not None:
+                hid[:, : hid0.shape[1]] = hid0
         ctx = torch.full((b, cap), -1, dtype=torch.long)  # [B, cap]
         for i, p in enumerate(self.prompts):
             ctx[i, : len(p)] = torch.tensor(p, dtype=torch.long)
@@ -107,7 +116,7 @@ class BatchDecoder:
         policy = DraftLengthPolicy(k_fixed if self.drafter else 0, b)
 
         def context() -> DraftContext:
-            return DraftContext(ctx, lengths, prompt_lengths, params, streams)
+            return DraftContext(ctx, lengths, prompt_lengths, params, streams, hid)
 
         if self.drafter is not None:
             self.drafter.begin(context(), TargetInfo(adapter.vocab_size, self.target.tokenizer))
@@ -136,7 +145,8 @@ class BatchDecoder:
             # 2. one target forward over the last token and the drafts
             k = drafts.shape[1]
             last = ctx.gather(1, (lengths - 1)[:, None])  # [B, 1]
-            logits = adapter.extend(torch.cat([last, drafts.clamp(min=0)], 1))  # [B, K+1, V]
+            out = adapter.extend(torch.cat([last, drafts.clamp(min=0)], 1), hidden_layers=layers)
+            logits, feats = out if layers is not None else (out, None)  # [B, K+1, V], [B, K+1, F]
             _sync(dev)
             t2 = time.perf_counter()
             prev = None
@@ -198,6 +208,10 @@ class BatchDecoder:
             idx = (lengths[:, None] + cols).clamp(max=ctx.shape[1] - 1)  # [B, K+1]
             write = cols[None, :] < counts[:, None]
             ctx.scatter_(1, idx, torch.where(write, emitted, ctx.gather(1, idx)))
+            if hid is not None:  # features of the last token and the drafts, by position
+                pos = (lengths - 1)[:, None] + cols  # [B, K+1]
+                hid.scatter_(1, pos.clamp(max=cap - 1)[..., None].expand(-1, -1, hid.shape[2]),
+                             feats.to(hid.dtype))
             lengths = lengths + counts
             alive = [j for j, i in enumerate(rows) if self.outputs[i].finish_reason is None]
             if len(alive) < bsz:
@@ -207,6 +221,7 @@ class BatchDecoder:
                     break
                 adapter.select(sel)
                 ctx, lengths, prompt_lengths = ctx[sel], lengths[sel], prompt_lengths[sel]
+                hid = hid[sel] if hid is not None else None
                 streams = streams.select(sel)
                 policy.select(sel)
                 if self.drafter is not None:

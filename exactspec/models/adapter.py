@@ -127,11 +127,15 @@ class TargetAdapter:
     def batch_size(self) -> int:
         return int(self.lengths.numel())
 
-    def prefill(self, prompts: list[list[int]], *, capacity: int | None = None) -> None:
+    def prefill(self, prompts: list[list[int]], *, capacity: int | None = None,
+                hidden_layers: tuple[int, ...] | None = None) -> torch.Tensor | None:
         """Cache every token of every row (rows may differ in length; empty rows allowed).
 
-        Identical rows are run once and copied. `capacity` preallocates slots per row.
+        Identical rows are run once and copied. `capacity` preallocates slots per row. With
+        `hidden_layers`, returns the features of every prompt token [B, W, H * len(layers)]
+        (W = longest prompt), as `extend` does.
         """
+        hidden = None
         uniq: dict[tuple[int, ...], int] = {}
         inverse = [uniq.setdefault(tuple(p), len(uniq)) for p in prompts]
         unique = [list(p) for p in uniq]
@@ -144,10 +148,16 @@ class TargetAdapter:
             tokens = torch.full((len(unique), width), self.pad_token_id, dtype=torch.long)
             for i, p in enumerate(unique):
                 tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
-            self.extend(tokens.to(self.device), logits_to_keep=1)
+            out = self.extend(tokens.to(self.device), logits_to_keep=1,
+                              hidden_layers=hidden_layers)
+            if hidden_layers is not None:
+                hidden = out[1]  # [U, W, F]
             self.commit(torch.tensor(lens, dtype=torch.long, device=self.device))
         if len(unique) != len(prompts):
-            self.select(torch.tensor(inverse, dtype=torch.long, device=self.device))
+            rows = torch.tensor(inverse, dtype=torch.long, device=self.device)
+            self.select(rows)
+            hidden = hidden[rows] if hidden is not None else None
+        return hidden
 
     @torch.inference_mode()
     def extend(
@@ -155,13 +165,18 @@ class TargetAdapter:
         tokens: torch.Tensor,  # [B, T] long
         *,
         return_hidden: bool = False,
+        hidden_layers: tuple[int, ...] | None = None,
         logits_to_keep: int = 0,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run T tokens per row after each row's committed length; nothing is committed.
 
         Returns logits [B, T, V] float (the last `logits_to_keep` positions if nonzero), and
-        with `return_hidden` also the last hidden states [B, T, H].
+        with `hidden_layers` (indices into transformers' `hidden_states` tuple) also those
+        layers' states concatenated, [B, T, H * len(hidden_layers)]; `return_hidden` is
+        `hidden_layers=(-1,)`, the last layer's.
         """
+        if return_hidden and hidden_layers is None:
+            hidden_layers = (-1,)
         assert self.cache is not None, "prefill first"
         b, t = tokens.shape
         assert b == self.batch_size, (b, self.batch_size)
@@ -184,12 +199,13 @@ class TargetAdapter:
             position_ids=positions,
             cache=self.cache,
             use_cache=True,
-            output_hidden_states=return_hidden,
+            output_hidden_states=hidden_layers is not None,
             logits_to_keep=logits_to_keep,
         )
         self._last_width = t
-        if return_hidden:
-            return out.logits, out.hidden_states[-1]
+        if hidden_layers is not None:
+            feats = torch.cat([out.hidden_states[i] for i in hidden_layers], dim=-1)
+            return out.logits, feats
         return out.logits
 
     def _mask(self, positions: torch.Tensor, view_len: int):
