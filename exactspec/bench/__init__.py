@@ -1,0 +1,26 @@
+"""Benchmarks: `exactspec bench` compares exactspec's engines with transformers' on real models."""
+
+from exactspec.bench.engines import (
+    MODES,
+    Engines,
+    EngineSpec,
+    Mode,
+    Run,
+    default_engines,
+    truncated_draft,
+)
+from exactspec.bench.harness import (
+    Bench,
+    BenchConfig,
+    Workload,
+    analytic_bound,
+    fit_alpha,
+    load_workloads,
+)
+from exactspec.bench.report import format_report, format_table, write_plots
+
+__all__ = [
+    "MODES", "Bench", "BenchConfig", "EngineSpec", "Engines", "Mode", "Run", "Workload",
+    "analytic_bound", "default_engines", "fit_alpha", "format_report", "format_table",
+    "load_workloads", "truncated_draft", "write_plots",
+]

@@ -167,6 +167,8 @@ class BatchDecoder:
                 verdict = verify(p, drafts, q, method=cfg.verify, generator=streams, check=False)
             streams.advance()
             n = verdict.num_accepted.to(dev)  # [B]
+            _sync(dev)
+            t3 = time.perf_counter()
             assert verdict.tokens.shape == (bsz, k + 1), verdict.tokens.shape
             adapter.commit(n + 1)
             if self.drafter is not None:
@@ -189,6 +191,9 @@ class BatchDecoder:
                 if cfg.return_logprobs:
                     out.logprobs += lp_rows[j][:c]
                 st.steps += 1
+                st.draft_seconds += t1 - t0
+                st.target_seconds += t2 - t1
+                st.verify_seconds += t3 - t2
                 st.drafted += real_rows[j]
                 st.accepted += n_rows[j]
                 if n_rows[j] > len(st.accepted_per_position):

@@ -20,6 +20,10 @@ class GenerationStats:
     emitted: int = 0  # tokens in token_ids
     seconds: float = 0.0  # wall time from the start of the row's batch to the row's end
     prefill_seconds: float = 0.0  # of which: the batch's prompt prefill
+    # Of `seconds`, per step of the batch while this row was in it (perf_counter deltas):
+    draft_seconds: float = 0.0  # the drafter's propose
+    target_seconds: float = 0.0  # the target's forward over the last token and the drafts
+    verify_seconds: float = 0.0  # standardize (probs_from_logits) + verify / sample
 
     @property
     def acceptance_rate(self) -> float:
@@ -30,6 +34,12 @@ class GenerationStats:
     def mean_acceptance_length(self) -> float:
         """Tokens emitted per target forward, the recovered / bonus token included."""
         return self.emitted / self.steps if self.steps else 0.0
+
+    @property
+    def other_seconds(self) -> float:
+        """Bookkeeping: seconds not spent in prefill, draft, target forward or verify."""
+        return max(0.0, self.seconds - self.prefill_seconds - self.draft_seconds
+                   - self.target_seconds - self.verify_seconds)
 
     @property
     def tokens_per_second(self) -> float:
@@ -43,6 +53,7 @@ class GenerationStats:
             acceptance_rate=self.acceptance_rate,
             mean_acceptance_length=self.mean_acceptance_length,
             tokens_per_second=self.tokens_per_second,
+            other_seconds=self.other_seconds,
         )
         return out
 

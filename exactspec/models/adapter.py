@@ -15,7 +15,10 @@ positions from the cache.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
@@ -78,6 +81,115 @@ class SlotCache(Cache):
         return self.view_len
 
 
+class LeanLlama:
+    """A lean forward of a Llama-architecture model over a SlotCache, for decode steps.
+
+    Same weights and math as transformers' LlamaForCausalLM (RMSNorm, RoPE from the model's
+    own rotary module, GQA attention via SDPA, SwiGLU), with less per-token overhead: q/k/v and
+    gate/up fused into one matrix each, weights stored [in, out] (x @ W), a boolean mask built
+    only when rows are ragged or several tokens are fed. On this 2-core CPU a one-token
+    matrix-vector product streams a [in, out] weight about 1.8x faster than torch's linear
+    does its [out, in] one (100 SmolLM2 MLP matrices, 1 thread: 17.6 vs 31.3 ms). Costs one
+    copy of the weights. Results agree with transformers' forward to float rounding.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        inner = model.model
+        cfg = model.config
+        self._model = weakref.ref(model)  # weak: the cache below is keyed by the model
+        self.rotary = inner.rotary_emb  # the model's own RoPE (scaling variants included)
+        self.embed = inner.embed_tokens
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.scaling = self.head_dim ** -0.5
+        self.layers = []  # per layer: (ln1, eps1, wqkv [H, (h+2kv)d], wo, ln2, eps2, wgu, wd)
+        with torch.no_grad():
+            for layer in inner.layers[: cfg.num_hidden_layers]:
+                a, m = layer.self_attn, layer.mlp
+                wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).t()
+                wgu = torch.cat([m.gate_proj.weight, m.up_proj.weight]).t()
+                self.layers.append((
+                    layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon,
+                    wqkv.contiguous(), a.o_proj.weight.t().contiguous(),
+                    layer.post_attention_layernorm.weight,
+                    layer.post_attention_layernorm.variance_epsilon,
+                    wgu.contiguous(), m.down_proj.weight.t().contiguous(),
+                ))
+            self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
+            self.head = model.lm_head.weight.t().contiguous()  # [H, V]
+        self.versions = self._versions(model)
+
+    @staticmethod
+    def supports(model) -> bool:
+        cfg = getattr(model, "config", None)
+        return (
+            getattr(cfg, "model_type", None) == "llama"
+            and not getattr(cfg, "attention_bias", False)
+            and not getattr(cfg, "mlp_bias", False)
+            and getattr(cfg, "hidden_act", None) == "silu"
+            and not getattr(cfg, "pretraining_tp", 1) > 1
+            and hasattr(getattr(model, "model", None), "rotary_emb")
+        )
+
+    @staticmethod
+    def _versions(model) -> tuple[int, ...]:
+        return tuple(p._version for p in model.parameters())
+
+    def stale(self) -> bool:
+        """Whether the model's weights were modified in place since the copy was made."""
+        model = self._model()
+        return model is None or self._versions(model) != self.versions
+
+    @staticmethod
+    def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        return w * x.to(dtype)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache,
+                mask: torch.Tensor | None, logits_to_keep: int) -> torch.Tensor:
+        # tokens, positions: [B, T]; mask: [B, 1, T, S] bool (True = visible) or None
+        b, t = tokens.shape
+        h, kv, d = self.heads, self.kv_heads, self.head_dim
+        x = self.embed(tokens)  # [B, T, H]
+        cos, sin = self.rotary(x, positions)  # [B, T, d]
+        cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, d]
+        half = d // 2
+        for i, (w1, e1, wqkv, wo, w2, e2, wgu, wd) in enumerate(self.layers):
+            y = self._rms(x, w1, e1) @ wqkv  # [B, T, (h + 2 kv) d]
+            q, k, v = y.split([h * d, kv * d, kv * d], dim=-1)
+            q = q.view(b, t, h, d).transpose(1, 2)  # [B, h, T, d]
+            k = k.view(b, t, kv, d).transpose(1, 2)  # [B, kv, T, d]
+            v = v.view(b, t, kv, d).transpose(1, 2)
+            q = q * cos + torch.cat([-q[..., half:], q[..., :half]], -1) * sin
+            k = k * cos + torch.cat([-k[..., half:], k[..., :half]], -1) * sin
+            k, v = cache.update(k, v, i)  # [B, kv, S, d]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
+                                               enable_gqa=h != kv)  # [B, h, T, d]
+            x = x + o.transpose(1, 2).reshape(b, t, h * d) @ wo
+            gate, up = (self._rms(x, w2, e2) @ wgu).chunk(2, dim=-1)
+            x = x + (F.silu(gate) * up) @ wd
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
+        return self._rms(x, *self.norm) @ self.head  # [B, T', V]
+
+
+# One LeanLlama per model object, rebuilt when its weights change in place.
+_LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def lean_forward_for(model: PreTrainedModel) -> LeanLlama | None:
+    """The cached LeanLlama of `model`, or None when its architecture is not supported."""
+    if not LeanLlama.supports(model):
+        return None
+    lean = _LEAN.get(model)
+    if lean is None or lean.stale():
+        lean = _LEAN[model] = LeanLlama(model)
+    return lean
+
+
 def unwrap_model(model) -> PreTrainedModel:
     """The transformers model inside an `exactspec.Model`, or `model` itself."""
     if isinstance(model, PreTrainedModel):
@@ -99,7 +211,7 @@ class TargetAdapter:
     directly; `select(rows)` drops finished rows. Works on any device the model lives on.
     """
 
-    def __init__(self, model, *, pad_token_id: int = 0) -> None:
+    def __init__(self, model, *, pad_token_id: int = 0, lean: bool = True) -> None:
         self.model = unwrap_model(model)
         impl = getattr(self.model.config, "_attn_implementation", "eager")
         if impl not in _SUPPORTED_ATTENTION:
@@ -119,6 +231,8 @@ class TargetAdapter:
         if self._mask_by_layer_type and set(layer_types) - {"full_attention", "sliding_attention"}:
             raise ValueError(f"unsupported layer types {sorted(set(layer_types))}")
         self.pad_token_id = pad_token_id  # filler for ragged inputs; never attended to
+        # the lean forward (Llama architectures) unless turned off; transformers' otherwise
+        self.lean = lean_forward_for(self.model) if lean else None
         self.cache: SlotCache | None = None
         self.lengths = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] committed slots
         self._last_width = 0  # T of the last extend, bounds commit
@@ -193,6 +307,15 @@ class TargetAdapter:
         self.cache.view_len = view_len
         if view_len > self.cache.capacity:
             self.cache.capacity = max(view_len, self.cache.capacity * 3 // 2 + 64)
+        if self.lean is not None and hidden_layers is None:
+            uniform = lo == hi
+            mask = None
+            if t > 1 or not uniform:  # one token at a common length sees every slot
+                slots = torch.arange(view_len, device=self.device)  # [S]
+                mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, S]
+            logits = self.lean.forward(tokens, positions, self.cache, mask, logits_to_keep)
+            self._last_width = t
+            return logits
         out = self.model(
             input_ids=tokens,
             attention_mask=self._mask(positions, view_len),

@@ -1,0 +1,247 @@
+"""The engines `exactspec bench` compares: exactspec's decoders and transformers' `generate`.
+
+Every engine runs a batch of token-id prompts with the same max_new_tokens and sampling mode
+and returns a `Run` (tokens, wall seconds, and, for exactspec, the engine's step statistics).
+The transformers engines call `generate` on the very same model object exactspec decodes with,
+so the weights are identical; assisted generation gets the same draft model as exactspec.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from exactspec.drafters import DraftModel, PromptLookup
+from exactspec.engine import generate
+from exactspec.models.loading import Model
+from exactspec.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A sampling setting every engine is run with."""
+
+    name: str  # "greedy" | "t1" | "t0.7p0.9"
+    temperature: float  # 0 = greedy
+    top_p: float = 1.0  # 1.0 = off
+
+    def params(self, seed: int) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=seed)
+
+    def hf_kwargs(self) -> dict:
+        """The same setting for transformers `generate` (every other filter off)."""
+        if self.temperature == 0:
+            return dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+        return dict(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0)
+
+
+MODES = {
+    "greedy": Mode("greedy", 0.0),
+    "t1": Mode("t1", 1.0),
+    "t0.7p0.9": Mode("t0.7p0.9", 0.7, 0.9),
+}
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine of the comparison."""
+
+    name: str  # shown in tables and plots
+    family: str  # "exactspec" | "transformers"
+    drafter: str  # "none" | "lookup" | "draft" | "eagle"
+    k: int | str = 0  # draft tokens per step, or "auto"; 0 for plain decoding
+    verify: str = "token"  # exactspec verification method ("token" | "block")
+    counterpart: str | None = None  # the transformers engine this one is compared with
+    sampling_only: bool = False  # skip in greedy mode (block == token when p is one-hot)
+
+
+@dataclass
+class Run:
+    """One engine on one batch of prompts."""
+
+    tokens: int  # generated tokens, all rows
+    seconds: float  # wall time of the whole call, prefill included
+    steps: int = 0  # target forwards (exactspec: summed over rows)
+    drafted: int = 0  # draft tokens proposed
+    accepted: int = 0  # draft tokens kept
+    accepted_per_position: list[int] = field(default_factory=list)  # steps keeping draft i
+    prefill_seconds: float = 0.0  # exactspec's time split (first row's view of its batch)
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    texts: list[list[int]] = field(default_factory=list)  # generated ids per row
+
+
+def default_engines(k: int = 4, eagle: bool = False, block: bool = True) -> list[EngineSpec]:
+    """exactspec plain / lookup / draft model (token, block, auto), transformers' three."""
+    e = [
+        EngineSpec("exactspec plain", "exactspec", "none", counterpart="transformers plain"),
+        EngineSpec("transformers plain", "transformers", "none"),
+        EngineSpec(f"exactspec lookup K={k}", "exactspec", "lookup", k,
+                   counterpart=f"transformers lookup K={k}"),
+        EngineSpec(f"exactspec lookup K={k} block", "exactspec", "lookup", k, "block",
+                   counterpart=f"transformers lookup K={k}", sampling_only=True),
+        EngineSpec("exactspec lookup auto", "exactspec", "lookup", "auto",
+                   counterpart=f"transformers lookup K={k}"),
+        EngineSpec(f"transformers lookup K={k}", "transformers", "lookup", k),
+        EngineSpec(f"exactspec draft K={k}", "exactspec", "draft", k,
+                   counterpart=f"transformers assisted K={k}"),
+        EngineSpec(f"exactspec draft K={k} block", "exactspec", "draft", k, "block",
+                   counterpart=f"transformers assisted K={k}", sampling_only=True),
+        EngineSpec("exactspec draft auto", "exactspec", "draft", "auto",
+                   counterpart=f"transformers assisted K={k}"),
+        EngineSpec(f"transformers assisted K={k}", "transformers", "draft", k),
+    ]
+    if eagle:
+        e.append(EngineSpec(f"exactspec eagle K={k}", "exactspec", "eagle", k))
+        e.append(EngineSpec("exactspec eagle auto", "exactspec", "eagle", "auto"))
+    return e if block else [s for s in e if s.verify != "block"]
+
+
+def truncated_draft(model: nn.Module, num_layers: int) -> nn.Module:
+    """The target's first `num_layers` decoder layers + its final norm and head, as a causal LM.
+
+    Shares every weight with `model` (no copy): a draft model with the target's vocabulary
+    when no separate small model is available. Works for decoder-only models whose layers live
+    in `model.model.layers` (Llama, Qwen, Mistral, Gemma, ...).
+    """
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(f"cannot truncate {type(model).__name__}: no model.layers ModuleList")
+    if not 1 <= num_layers <= len(layers):
+        raise ValueError(f"num_layers={num_layers} must be in 1..{len(layers)}")
+    cfg = copy.deepcopy(model.config)
+    cfg.num_hidden_layers = num_layers
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = list(cfg.layer_types[:num_layers])
+    new_inner = copy.copy(inner)
+    new_inner._modules = dict(inner._modules)
+    new_inner.layers = nn.ModuleList(list(layers[:num_layers]))
+    new_inner.config = cfg
+    draft = copy.copy(model)
+    draft._modules = dict(model._modules)
+    draft.model = new_inner
+    draft.config = cfg
+    draft.generation_config = copy.deepcopy(model.generation_config)
+    return draft
+
+
+class Engines:
+    """Runs EngineSpecs on one target; holds the drafters (built once, reused every run)."""
+
+    def __init__(self, target: Model, draft: nn.Module | None = None,
+                 eagle_factory: Callable[[], object] | None = None) -> None:
+        self.target = target  # exactspec Model; its .model is shared with transformers
+        self.draft = draft  # draft causal LM (shares the vocabulary), or None
+        self._eagle_factory = eagle_factory
+        self._eagle = None
+        dev = target.device
+        self._hf_eos = target.eos_token_ids
+        self._pad = self._hf_eos[0] if self._hf_eos else 0
+        self.device = dev
+
+    def available(self, spec: EngineSpec) -> bool:
+        if spec.drafter == "draft":
+            return self.draft is not None
+        if spec.drafter == "eagle":
+            return self._eagle_factory is not None
+        return True
+
+    def run(self, spec: EngineSpec, prompts: list[list[int]], mode: Mode, max_new_tokens: int,
+            seed: int) -> Run:
+        if spec.family == "exactspec":
+            return self._run_exactspec(spec, prompts, mode, max_new_tokens, seed)
+        return self._run_transformers(spec, prompts, mode, max_new_tokens, seed)
+
+    def _drafter(self, spec: EngineSpec):
+        if spec.drafter == "none":
+            return None
+        if spec.drafter == "lookup":
+            return PromptLookup(min_ngram=1, max_ngram=3)
+        if spec.drafter == "draft":
+            return DraftModel(self.draft)
+        if spec.drafter == "eagle":
+            if self._eagle is None:
+                assert self._eagle_factory is not None
+                self._eagle = self._eagle_factory()
+            return self._eagle
+        raise ValueError(f"unknown drafter {spec.drafter!r}")
+
+    def _run_exactspec(self, spec: EngineSpec, prompts, mode: Mode, max_new_tokens: int,
+                       seed: int) -> Run:
+        drafter = self._drafter(spec)
+        _sync(self.device)
+        t0 = time.perf_counter()
+        gens = generate(self.target, prompts, drafter=drafter, params=mode.params(seed),
+                        max_new_tokens=max_new_tokens, num_draft_tokens=spec.k or 0,
+                        verify=spec.verify, batch_size=len(prompts))
+        _sync(self.device)
+        seconds = time.perf_counter() - t0
+        run = Run(tokens=sum(len(g.token_ids) for g in gens), seconds=seconds,
+                  texts=[g.token_ids for g in gens])
+        for g in gens:
+            st = g.stats
+            run.steps += st.steps
+            run.drafted += st.drafted
+            run.accepted += st.accepted
+            app = st.accepted_per_position
+            run.accepted_per_position += [0] * (len(app) - len(run.accepted_per_position))
+            for i, a in enumerate(app):
+                run.accepted_per_position[i] += a
+        # the batch shares its steps: the longest-lived row saw every step of the batch
+        st = max((g.stats for g in gens), key=lambda s: s.seconds)
+        run.prefill_seconds, run.draft_seconds = st.prefill_seconds, st.draft_seconds
+        run.target_seconds, run.verify_seconds = st.target_seconds, st.verify_seconds
+        return run
+
+    def _run_transformers(self, spec: EngineSpec, prompts, mode: Mode, max_new_tokens: int,
+                          seed: int) -> Run:
+        hf = self.target.model
+        width = max(map(len, prompts))
+        ids = torch.full((len(prompts), width), self._pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding, as transformers expects
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=self._pad,
+                      eos_token_id=self._hf_eos or None, **mode.hf_kwargs())
+        if spec.drafter == "lookup":
+            kwargs.update(prompt_lookup_num_tokens=int(spec.k), max_matching_ngram_size=3)
+        elif spec.drafter == "draft":
+            assert self.draft is not None
+            gc = self.draft.generation_config
+            gc.num_assistant_tokens = int(spec.k)
+            gc.num_assistant_tokens_schedule = "constant"
+            gc.assistant_confidence_threshold = 0.0
+            kwargs.update(assistant_model=self.draft)
+        elif spec.drafter != "none":
+            raise ValueError(f"transformers has no {spec.drafter!r} engine")
+        torch.manual_seed(seed)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        _sync(self.device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = hf.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        _sync(self.device)
+        seconds = time.perf_counter() - t0
+        texts = []
+        eos = set(self._hf_eos)
+        for row in out[:, width:].tolist():
+            toks = []
+            for t in row:
+                toks.append(t)
+                if t in eos:
+                    break
+            texts.append(toks)
+        return Run(tokens=sum(map(len, texts)), seconds=seconds, texts=texts)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,381 @@
+"""`exactspec bench`: every engine on the shipped workloads, interleaved round by round.
+
+Method: one warm-up call per engine, then for each round, mode, workload and prompt every
+engine runs in turn (so a slow patch of a busy machine hits all engines alike). Per engine,
+mode and workload: tokens/s per round (tokens / wall seconds, prefill included), median and
+spread over rounds; ratios to exactspec plain and to the transformers counterpart taken from
+the medians of the same run; acceptance, the fitted per-token acceptance rate alpha, the
+measured cost ratio c and Leviathan's analytic bound (1 - a^(K+1)) / ((1 - a)(K c + 1)).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+
+import torch
+from tqdm.auto import tqdm
+
+from exactspec.bench.engines import MODES, Engines, EngineSpec, Run, default_engines
+from exactspec.models.loading import Model
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Workload:
+    """Prompts of one kind, with the token budget every engine gets."""
+
+    name: str  # "chat", "code_edit", ...
+    description: str  # one line
+    input_grounded: bool  # the answer copies much of the prompt
+    max_new_tokens: int  # per prompt
+    prompts: list[str]  # user turns, chat-templated before encoding
+
+
+def load_workloads() -> list[Workload]:
+    """The workloads shipped in exactspec/bench/workloads.json."""
+    text = resources.files("exactspec.bench").joinpath("workloads.json").read_text()
+    return [Workload(**w) for w in json.loads(text)["workloads"]]
+
+
+@dataclass
+class BenchConfig:
+    """What one `exactspec bench` run measures."""
+
+    quick: bool = False  # the smoke-check subset
+    rounds: int = 3  # measured rounds (median over them); quick: 1
+    modes: list[str] = field(default_factory=lambda: ["greedy", "t1", "t0.7p0.9"])
+    workloads: list[str] | None = None  # names; None = all shipped
+    prompts_per_workload: int | None = None  # first N prompts of each; None = all
+    max_new_tokens: int | None = None  # overrides every workload's budget
+    k: int = 4  # fixed draft length of the K engines
+    sweep_ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 6, 8])  # speedup vs K
+    sweep_workload: str = "code_edit"  # greedy, the sweep's workload
+    sweep_drafters: list[str] = field(default_factory=lambda: ["lookup", "draft", "eagle"])
+    block: bool = True  # include the block-verification engines (sampling modes only)
+    batch_rows: int = 8  # rows of the batched comparison (0 = skip)
+    batch_max_new_tokens: int = 64  # per row in the batched comparison
+    draft_layers: int = 4  # truncated-target draft model: its first N layers
+
+    @classmethod
+    def quick_config(cls) -> BenchConfig:
+        return cls(quick=True, rounds=1, modes=["greedy", "t1"],
+                   workloads=["chat", "code_edit", "summarise"], prompts_per_workload=1,
+                   max_new_tokens=32, sweep_ks=[2, 8], sweep_drafters=["lookup"],
+                   block=False, batch_max_new_tokens=24)
+
+
+def fit_alpha(mean_len: float, k: float) -> float:
+    """Per-token acceptance rate a with (1 - a^(k+1)) / (1 - a) == mean_len (i.i.d. model)."""
+    if k <= 0 or mean_len <= 1.0:
+        return 0.0
+    if mean_len >= k + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        a = (lo + hi) / 2
+        if (1 - a ** (k + 1)) / (1 - a) < mean_len:
+            lo = a
+        else:
+            hi = a
+    return (lo + hi) / 2
+
+
+def analytic_bound(alpha: float, k: float, c: float) -> float:
+    """Leviathan et al. Thm 3.8: expected speedup (1 - a^(K+1)) / ((1 - a)(K c + 1))."""
+    tokens = k + 1 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return tokens / (k * c + 1)
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
+class Bench:
+    """Runs the comparison for one target; `run()` returns the JSON-ready result dict."""
+
+    def __init__(self, target: Model, cfg: BenchConfig, *, engines: list[EngineSpec] | None = None,
+                 draft=None, draft_note: str = "", eagle_factory: Callable[[], object] | None = None,
+                 workloads: list[Workload] | None = None, progress: bool = True) -> None:
+        self.target = target
+        self.cfg = cfg
+        self.runner = Engines(target, draft, eagle_factory)
+        specs = engines or default_engines(cfg.k, eagle=eagle_factory is not None,
+                                           block=cfg.block)
+        self.specs = [s for s in specs if self.runner.available(s)]
+        self.draft_note = draft_note
+        self.progress = progress
+        wl = workloads if workloads is not None else load_workloads()
+        if cfg.workloads is not None:
+            unknown = set(cfg.workloads) - {w.name for w in wl}
+            if unknown:
+                raise ValueError(f"unknown workloads {sorted(unknown)}; have {[w.name for w in wl]}")
+            wl = [w for w in wl if w.name in cfg.workloads]
+        self.workloads = wl
+        bad = [m for m in cfg.modes if m not in MODES]
+        if bad:
+            raise ValueError(f"unknown modes {bad}; have {list(MODES)}")
+        self._ids: dict[str, list[int]] = {}
+
+    def _encode(self, prompt: str) -> list[int]:
+        if prompt not in self._ids:
+            self._ids[prompt] = self.target.encode(prompt, chat=True)
+        return self._ids[prompt]
+
+    def _prompts(self, w: Workload) -> list[str]:
+        n = self.cfg.prompts_per_workload
+        return w.prompts[:n] if n else w.prompts
+
+    def _budget(self, w: Workload) -> int:
+        return self.cfg.max_new_tokens or w.max_new_tokens
+
+    def _jobs(self) -> list[tuple]:
+        """(round, mode, workload, prompt index, spec) in execution order."""
+        jobs = []
+        for r in range(self.cfg.rounds):
+            for mode in self.cfg.modes:
+                for w in self.workloads:
+                    for i in range(len(self._prompts(w))):
+                        for s in self.specs:
+                            if s.sampling_only and mode == "greedy":
+                                continue
+                            jobs.append((r, mode, w, i, s))
+        return jobs
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        start = time.perf_counter()
+        jobs = self._jobs()
+        sweep = self._sweep_specs()
+        batch = self._batch_specs() if cfg.batch_rows else []
+        total = len(self.specs) + len(jobs) + len(sweep) * cfg.rounds + len(batch) * cfg.rounds
+        bar = tqdm(total=total, desc="bench", unit="run", disable=not self.progress)
+        runs: dict[tuple[str, str, str], list[list[Run]]] = {}
+        try:
+            warm = self._encode(self.workloads[0].prompts[0])
+            for s in self.specs:  # warm-up: first calls pay for allocation and lazy init
+                bar.set_postfix_str(f"warm-up {s.name}")
+                self.runner.run(s, [warm], MODES["greedy"], 8, seed=0)
+                bar.update()
+            for r, mode, w, i, s in jobs:
+                bar.set_postfix_str(f"{mode} {w.name} {s.name}")
+                run = self.runner.run(s, [self._encode(self._prompts(w)[i])], MODES[mode],
+                                      self._budget(w), seed=1000 * r + i)
+                per_round = runs.setdefault((s.name, mode, w.name), [])
+                while len(per_round) <= r:
+                    per_round.append([])
+                per_round[r].append(run)
+                bar.update()
+            sweep_runs = self._run_group(sweep, self._sweep_prompts(), bar, "sweep")
+            batch_runs = self._run_group(batch, self._batch_prompts(), bar, "batch")
+        finally:
+            bar.close()
+        result = {
+            "schema": SCHEMA_VERSION,
+            "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": machine_info(),
+            "model": self.target.name,
+            "config": asdict(cfg),
+            "draft_note": self.draft_note,
+            "engines": [asdict(s) for s in self.specs],
+            "results": self._summarise(runs),
+            "sweep": self._summarise_group(sweep, sweep_runs, "sweep"),
+            "batch": self._summarise_group(batch, batch_runs, "batch"),
+        }
+        result["duration_seconds"] = time.perf_counter() - start
+        return result
+
+    # --- sweep (speedup against K) and batch (8 rows at once) --------------------------------
+
+    def _sweep_specs(self) -> list[EngineSpec]:
+        if not self.cfg.sweep_ks or self.cfg.sweep_workload not in {w.name for w in self.workloads}:
+            return []
+        out = [EngineSpec("exactspec plain", "exactspec", "none")]
+        for d in self.cfg.sweep_drafters:
+            for k in self.cfg.sweep_ks:
+                s = EngineSpec(f"exactspec {d} K={k}", "exactspec", d, k)
+                if self.runner.available(s):
+                    out.append(s)
+        return out
+
+    def _sweep_prompts(self) -> list[list[list[int]]]:
+        w = next(w for w in self.workloads if w.name == self.cfg.sweep_workload)
+        return [[self._encode(p)] for p in self._prompts(w)]
+
+    def _batch_specs(self) -> list[EngineSpec]:
+        k = self.cfg.k
+        out = [EngineSpec("exactspec plain", "exactspec", "none"),
+               EngineSpec(f"exactspec lookup K={k}", "exactspec", "lookup", k),
+               EngineSpec("exactspec lookup auto", "exactspec", "lookup", "auto")]
+        s = EngineSpec("exactspec eagle K=4", "exactspec", "eagle", k)
+        if self.runner.available(s):
+            out.append(s)
+        return out
+
+    def _batch_prompts(self) -> list[list[list[int]]]:
+        grounded = [p for w in self.workloads if w.input_grounded for p in w.prompts]
+        grounded = grounded or [p for w in self.workloads for p in w.prompts]
+        rows = [self._encode(grounded[i % len(grounded)]) for i in range(self.cfg.batch_rows)]
+        return [rows]
+
+    def _run_group(self, specs, prompt_sets, bar, label) -> dict[str, list[Run]]:
+        out: dict[str, list[Run]] = {}
+        if not specs:
+            return out
+        budget = self.cfg.batch_max_new_tokens if label == "batch" else None
+        w = next((w for w in self.workloads if w.name == self.cfg.sweep_workload), None)
+        for r in range(self.cfg.rounds):
+            for s in specs:
+                bar.set_postfix_str(f"{label} {s.name}")
+                tokens, seconds, merged = 0, 0.0, None
+                for i, prompts in enumerate(prompt_sets):
+                    n = budget or (self._budget(w) if w else 32)
+                    run = self.runner.run(s, prompts, MODES["greedy"], n, seed=1000 * r + i)
+                    merged = run if merged is None else _merge(merged, run)
+                    tokens, seconds = tokens + run.tokens, seconds + run.seconds
+                out.setdefault(s.name, []).append(merged)
+                bar.update()
+        return out
+
+    def _summarise_group(self, specs, runs: dict[str, list[Run]], label: str) -> list[dict]:
+        rows = []
+        plain = runs.get("exactspec plain")
+        for s in specs:
+            rs = runs.get(s.name, [])
+            if not rs:
+                continue
+            rows.append(self._row(s, "greedy", self.cfg.sweep_workload if label == "sweep" else
+                                  "batch", [[r] for r in rs], [[r] for r in plain or []]))
+        return rows
+
+    # --- figures -----------------------------------------------------------------------------
+
+    def _summarise(self, runs: dict[tuple[str, str, str], list[list[Run]]]) -> list[dict]:
+        rows = []
+        for mode in self.cfg.modes:
+            for w in self.workloads:
+                plain = runs.get(("exactspec plain", mode, w.name))
+                for s in self.specs:
+                    rounds = runs.get((s.name, mode, w.name))
+                    if rounds:
+                        rows.append(self._row(s, mode, w.name, rounds, plain))
+        by_key = {(r["engine"], r["mode"], r["workload"]): r for r in rows}
+        for r in rows:
+            spec = next(s for s in self.specs if s.name == r["engine"])
+            other = by_key.get((spec.counterpart, r["mode"], r["workload"]))
+            r["counterpart"] = spec.counterpart
+            r["ratio_to_counterpart"] = (r["tokens_per_second"] / other["tokens_per_second"]
+                                         if other and other["tokens_per_second"] else None)
+        return rows
+
+    def _row(self, spec: EngineSpec, mode: str, workload: str, rounds: list[list[Run]],
+             plain: list[list[Run]] | None) -> dict:
+        tps = [sum(r.tokens for r in rr) / sum(r.seconds for r in rr) for rr in rounds if rr]
+        flat = [r for rr in rounds for r in rr]
+        tokens = sum(r.tokens for r in flat)
+        seconds = sum(r.seconds for r in flat)
+        steps = sum(r.steps for r in flat)
+        drafted = sum(r.drafted for r in flat)
+        accepted = sum(r.accepted for r in flat)
+        app: list[int] = []
+        for r in flat:
+            app += [0] * (len(r.accepted_per_position) - len(app))
+            for i, a in enumerate(r.accepted_per_position):
+                app[i] += a
+        row = {
+            "engine": spec.name, "family": spec.family, "drafter": spec.drafter,
+            "k": spec.k, "verify": spec.verify if spec.family == "exactspec" else None,
+            "mode": mode, "workload": workload,
+            "tokens": tokens, "seconds": seconds,
+            "tokens_per_second": _median(tps),
+            "tokens_per_second_rounds": tps,
+            "tokens_per_second_min": min(tps) if tps else 0.0,
+            "tokens_per_second_max": max(tps) if tps else 0.0,
+        }
+        plain_tps = None
+        if plain:
+            pt = [sum(r.tokens for r in rr) / sum(r.seconds for r in rr) for rr in plain if rr]
+            plain_tps = _median(pt)
+        row["ratio_to_plain"] = row["tokens_per_second"] / plain_tps if plain_tps else None
+        if spec.family != "exactspec":
+            row.update(mean_acceptance_length=None, acceptance_rate=None, alpha=None,
+                       mean_k=None, c=None, bound=None, share_of_bound=None, time_split=None,
+                       verify_share_of_step=None, acceptance_by_position=None)
+            return row
+        mean_len = tokens / steps if steps else 0.0
+        mean_k = drafted / steps if steps else 0.0
+        alpha = fit_alpha(mean_len, mean_k)
+        c = None
+        plain_flat = [r for rr in (plain or []) for r in rr]
+        plain_steps = sum(r.steps for r in plain_flat)
+        plain_target = sum(r.target_seconds for r in plain_flat)
+        draft_s = sum(r.draft_seconds for r in flat)
+        if drafted and plain_steps and plain_target > 0:
+            c = (draft_s / drafted) / (plain_target / plain_steps)
+        bound = analytic_bound(alpha, mean_k, c) if c is not None else None
+        split = {
+            "prefill": sum(r.prefill_seconds for r in flat),
+            "draft": draft_s,
+            "target_forward": sum(r.target_seconds for r in flat),
+            "standardize_verify": sum(r.verify_seconds for r in flat),
+        }
+        split["bookkeeping"] = max(0.0, seconds - sum(split.values()))
+        decode = seconds - split["prefill"]
+        row.update(
+            steps=steps, drafted=drafted, accepted=accepted,
+            mean_acceptance_length=mean_len,
+            acceptance_rate=accepted / drafted if drafted else None,
+            alpha=alpha if drafted else None, mean_k=mean_k, c=c, bound=bound,
+            share_of_bound=(row["ratio_to_plain"] / bound
+                            if bound and row["ratio_to_plain"] is not None else None),
+            time_split={k: v / seconds for k, v in split.items()} if seconds else None,
+            verify_share_of_step=split["standardize_verify"] / decode if decode > 0 else None,
+            acceptance_by_position=[a / steps for a in app] if steps else [],
+        )
+        return row
+
+
+def _merge(a: Run, b: Run) -> Run:
+    app = [x + y for x, y in zip(a.accepted_per_position, b.accepted_per_position, strict=False)]
+    longer = a.accepted_per_position if len(a.accepted_per_position) > len(
+        b.accepted_per_position) else b.accepted_per_position
+    app += longer[len(app):]
+    return Run(tokens=a.tokens + b.tokens, seconds=a.seconds + b.seconds, steps=a.steps + b.steps,
+               drafted=a.drafted + b.drafted, accepted=a.accepted + b.accepted,
+               accepted_per_position=app, prefill_seconds=a.prefill_seconds + b.prefill_seconds,
+               draft_seconds=a.draft_seconds + b.draft_seconds,
+               target_seconds=a.target_seconds + b.target_seconds,
+               verify_seconds=a.verify_seconds + b.verify_seconds)
+
+
+def machine_info() -> dict:
+    """What the figures were measured on."""
+    import os
+
+    info = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    if hasattr(os, "getloadavg"):
+        info["load_average"] = os.getloadavg()
+    return info

@@ -1,0 +1,169 @@
+"""`exactspec bench` output: the terminal / markdown table and the PNG plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _f(x, fmt: str = "{:.2f}", none: str = "-") -> str:
+    return none if x is None else fmt.format(x)
+
+
+def _split(row: dict) -> str:
+    s = row.get("time_split")
+    if not s:
+        return "-"
+    return "/".join(f"{100 * s[k]:.0f}" for k in
+                    ("prefill", "draft", "target_forward", "standardize_verify", "bookkeeping"))
+
+
+COLUMNS = ["engine", "mode", "workload", "tok/s", "min-max", "x plain", "x hf", "acc len",
+           "alpha", "c", "bound", "share", "split % p/d/t/v/o"]
+
+
+def table_rows(rows: list[dict]) -> list[list[str]]:
+    out = []
+    for r in rows:
+        out.append([
+            r["engine"], r["mode"], r["workload"],
+            f"{r['tokens_per_second']:.1f}",
+            f"{r['tokens_per_second_min']:.1f}-{r['tokens_per_second_max']:.1f}",
+            _f(r.get("ratio_to_plain")), _f(r.get("ratio_to_counterpart")),
+            _f(r.get("mean_acceptance_length")), _f(r.get("alpha")), _f(r.get("c")),
+            _f(r.get("bound")), _f(r.get("share_of_bound"), "{:.0%}"), _split(r),
+        ])
+    return out
+
+
+def format_table(rows: list[dict], *, markdown: bool = False,
+                 columns: list[str] | None = None) -> str:
+    """Rows of the result JSON as an aligned text table, or a markdown one."""
+    cols = columns or COLUMNS
+    body = table_rows(rows)
+    if markdown:
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(r) + " |" for r in body]
+        return "\n".join(lines)
+    widths = [max(len(c), *(len(r[i]) for r in body)) if body else len(c)
+              for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in body]
+    return "\n".join(lines)
+
+
+def format_report(result: dict, *, markdown: bool = False) -> str:
+    """The whole run: header, main table, K sweep, batch comparison, notes."""
+    m = result["machine"]
+    head = (f"exactspec bench on {result['model']}, {result['date_utc']}; "
+            f"{m['cpu_count']} CPUs ({m['processor']}), torch {m['torch']} with "
+            f"{m['torch_threads']} threads, transformers {m.get('transformers', '?')}"
+            + (f", GPU {m['cuda']}" if m.get("cuda") else ", no GPU")
+            + f"; {result['config']['rounds']} round(s), duration {result['duration_seconds']:.0f} s")
+    parts = [head]
+    if result.get("draft_note"):
+        parts.append(f"draft model: {result['draft_note']}")
+    parts.append(format_table(result["results"], markdown=markdown))
+    if result.get("sweep"):
+        parts.append(f"speedup against K (greedy, {result['config']['sweep_workload']}):")
+        parts.append(format_table(result["sweep"], markdown=markdown))
+    if result.get("batch"):
+        parts.append(f"batch of {result['config']['batch_rows']} rows (greedy, input-grounded "
+                     "prompts), tok/s of the whole batch:")
+        parts.append(format_table(result["batch"], markdown=markdown))
+    parts.append("split % p/d/t/v/o: prefill / draft / target forward / standardize + verify / "
+                 "bookkeeping, shares of wall time. x plain: tok/s over exactspec plain; x hf: "
+                 "over the transformers counterpart; acc len: tokens per target forward; alpha: "
+                 "per-token acceptance fitted to acc len; c: draft step / target step; bound: "
+                 "(1 - a^(K+1)) / ((1 - a)(K c + 1)); share: x plain / bound.")
+    return "\n\n".join(parts)
+
+
+def write_plots(result: dict, out_dir: str | Path) -> list[Path]:
+    """tokens_per_second.png, speedup_vs_k.png, acceptance_by_position.png in `out_dir`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    rows = result["results"]
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    engines = list(dict.fromkeys(r["engine"] for r in rows))
+
+    fig, axes = plt.subplots(len(modes), 1, figsize=(max(8, 1.6 * len(workloads) + 4),
+                                                     3.6 * len(modes)), squeeze=False)
+    width = 0.8 / max(1, len(engines))
+    for ax, mode in zip(axes[:, 0], modes, strict=True):
+        for j, e in enumerate(engines):
+            ys = []
+            for w in workloads:
+                hit = [r for r in rows if r["engine"] == e and r["mode"] == mode
+                       and r["workload"] == w]
+                ys.append(hit[0]["tokens_per_second"] if hit else 0.0)
+            xs = [i + (j - (len(engines) - 1) / 2) * width for i in range(len(workloads))]
+            ax.bar(xs, ys, width, label=e, hatch="//" if e.startswith("transformers") else None)
+        ax.set_xticks(range(len(workloads)), workloads)
+        ax.set_ylabel("tokens / s")
+        ax.set_title(f"{result['model']}, {mode}")
+    axes[0, 0].legend(fontsize=7, ncol=2, loc="upper right")
+    fig.suptitle(f"exactspec bench, {result['date_utc']}, "
+                 f"{result['machine']['torch_threads']} torch thread(s)", fontsize=9)
+    fig.tight_layout()
+    paths.append(out / "tokens_per_second.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    sweep = result.get("sweep") or []
+    fig, ax1 = plt.subplots(figsize=(6, 4))
+    for d in ("lookup", "draft", "eagle"):
+        pts = sorted((r["k"], r["ratio_to_plain"], r["bound"]) for r in sweep
+                     if r["drafter"] == d and r["ratio_to_plain"] is not None)
+        if pts:
+            line = ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{d} measured")
+            if all(p[2] is not None for p in pts):
+                ax1.plot([p[0] for p in pts], [p[2] for p in pts], "--",
+                         color=line[0].get_color(), label=f"{d} analytic bound")
+    ax1.axhline(1.0, color="grey", lw=0.8)
+    ax1.set_xlabel("K (draft tokens per step)")
+    ax1.set_ylabel("speedup over exactspec plain")
+    ax1.set_title(f"speedup against K (greedy, {result['config']['sweep_workload']})")
+    ax1.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out / "speedup_vs_k.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax2 = plt.subplots(figsize=(6, 4))
+    shown = [r for r in sweep if r.get("acceptance_by_position")]
+    longest = {}
+    for r in shown:
+        if r["drafter"] not in longest or _k(r) > _k(longest[r["drafter"]]):
+            longest[r["drafter"]] = r
+    extra = [r for r in rows if r["mode"] != "greedy" and r.get("acceptance_by_position")
+             and isinstance(r["k"], int) and r["verify"] == "token"]
+    seen = set()
+    for r in list(longest.values()) + extra:
+        key = (r["engine"], r["mode"])
+        if key in seen or len(seen) >= 8:
+            continue
+        seen.add(key)
+        apos = r["acceptance_by_position"]
+        ax2.plot(range(1, len(apos) + 1), apos, "o-", label=f"{r['engine']} {r['mode']}")
+    ax2.set_xlabel("draft position i")
+    ax2.set_ylabel("P(draft i accepted) per step")
+    ax2.set_ylim(0, 1)
+    ax2.set_title("acceptance by draft position")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out / "acceptance_by_position.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def _k(r: dict) -> int:
+    return r["k"] if isinstance(r["k"], int) else 0

@@ -1,0 +1,53 @@
+"""The adapter's lean Llama forward equals transformers' forward (to float rounding)."""
+
+from __future__ import annotations
+
+import torch
+
+from exactspec.models.adapter import LeanLlama, TargetAdapter, lean_forward_for
+from tests.engine.tiny import tiny_llama
+
+
+def _pair(model):
+    ref, lean = TargetAdapter(model, lean=False), TargetAdapter(model)
+    assert ref.lean is None and lean.lean is not None
+    return ref, lean
+
+
+def test_lean_matches_transformers_ragged_and_wide():
+    torch.set_num_threads(1)
+    model = tiny_llama(0, layers=3)
+    ref, lean = _pair(model)
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    for ad in (ref, lean):
+        ad.prefill(prompts, capacity=40)
+    g = torch.Generator().manual_seed(0)
+    for width, keep in ((5, [2, 5, 0]), (1, [1, 1, 1]), (3, [3, 1, 2]), (1, [1, 1, 1])):
+        x = torch.randint(1, 40, (3, width), generator=g)
+        a, b = ref.extend(x), lean.extend(x)  # [B, T, V]
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+        for ad in (ref, lean):
+            ad.commit(torch.tensor(keep))
+
+
+def test_lean_copy_follows_in_place_weight_changes():
+    model = tiny_llama(1)
+    first = lean_forward_for(model)
+    assert lean_forward_for(model) is first  # cached per model
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.0)
+    second = lean_forward_for(model)
+    assert second is not first
+    ref, lean = _pair(model)
+    for ad in (ref, lean):
+        ad.prefill([[1, 2, 3]])
+    x = torch.tensor([[4]])
+    torch.testing.assert_close(lean.extend(x), ref.extend(x), rtol=1e-4, atol=1e-4)
+
+
+def test_unsupported_architectures_use_transformers():
+    model = tiny_llama(2)
+    model.config.attention_bias = True
+    assert not LeanLlama.supports(model)
+    assert TargetAdapter(model).lean is None
