@@ -57,11 +57,17 @@ def _accept(head: EagleHead, rows: list[Sequence], depth: int,
     starts = (s >= plen[:, None] - 2) & (s + depth <= n[:, None] - 1)  # [B, T]
     bi = torch.arange(b)[:, None].expand(b, t)[starts]
     si = s.expand(b, t)[starts]
+    # the target's p at every position a chain reads a label from: s+1 .. s+depth
+    need = torch.zeros(b, t, dtype=torch.bool)
+    for d in range(1, depth + 1):
+        need[bi, si + d] = True
+    where = torch.full((b, t), -1, dtype=torch.long)
+    where[need] = torch.arange(int(need.sum()))
+    p_all = probs_from_logits(_target_logits(head, final[need].float()), params)  # [N, V]
     res = []
     for d, o in enumerate(outs, start=1):
         q = probs_from_logits(full_logits(head, head.logits(o[starts])), params)  # [M, V]
-        tgt = _target_logits(head, final[bi, si + d].float())
-        p = probs_from_logits(tgt, params)
+        p = p_all[where[bi, si + d]]
         res.append(torch.minimum(p, q).sum(-1))
     return torch.stack(res, 1)
 

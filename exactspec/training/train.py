@@ -39,7 +39,7 @@ class TrainConfig:
     max_steps: int = 0  # stop after this many optimizer steps as well (0 = only the clock)
     hidden_layers: tuple[int, ...] = (4, 16, -1)  # target features the head reads
     draft_vocab_size: int = 8192  # tokens the head can propose (most target mass)
-    depth: int = 2  # training-time-test unroll depth
+    depth: int = 3  # training-time-test unroll depth
     decay: float = 0.8  # loss weight of depth d is decay^(d-1)
     lr: float = 1e-3  # AdamW peak learning rate (cosine to lr/10 over the budget)
     warmup: int = 30  # linear warmup steps
@@ -48,7 +48,7 @@ class TrainConfig:
     init_from_target: bool = True  # start the head's layer from the target's last layer
     max_new_tokens: int = 128  # reply length of the generated training data
     data_batch: int = 64  # rows per generation batch
-    data_batches: int = 4  # generation batches of training data (0 = every prompt)
+    data_batches: int = 0  # generation batches of training data (0 = every prompt)
     eval_new_tokens: int = 96  # reply length of the held-out generations
     eval_depth: int = 4  # K for the evaluation
     seed: int = 0  # data sampling, shuffling and init
