@@ -51,3 +51,19 @@ def test_unsupported_architectures_use_transformers():
     model.config.attention_bias = True
     assert not LeanLlama.supports(model)
     assert TargetAdapter(model).lean is None
+
+
+def test_lean_features_match_transformers_hidden_states():
+    """DraftContext.hidden comes from these: embeddings, layer outputs, the normed last one."""
+    model = tiny_llama(3, layers=3)
+    ref, lean = _pair(model)
+    layers = (0, 2, -1)
+    prompts = [[1, 2, 3, 4, 5], [6, 7]]
+    h_ref = ref.prefill(prompts, hidden_layers=layers)
+    h_lean = lean.prefill(prompts, hidden_layers=layers)
+    torch.testing.assert_close(h_lean, h_ref, rtol=1e-4, atol=1e-4)
+    x = torch.tensor([[8, 9, 10], [11, 12, 13]])
+    (la, fa), (lb, fb) = ref.extend(x, hidden_layers=layers), lean.extend(x, hidden_layers=layers)
+    assert fb.shape == fa.shape == (2, 3, 32 * len(layers))
+    torch.testing.assert_close(fb, fa, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(lb, la, rtol=1e-4, atol=1e-4)
