@@ -18,7 +18,7 @@ def _split(row: dict) -> str:
 
 
 COLUMNS = ["engine", "mode", "workload", "tok/s", "min-max", "x plain", "x hf", "acc len",
-           "alpha", "c", "bound", "share", "split % p/d/t/v/o"]
+           "alpha", "c", "bound", "share", "w", "bound w", "split % p/d/t/v/o"]
 
 
 def table_rows(rows: list[dict]) -> list[list[str]]:
@@ -30,7 +30,8 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
             f"{r['tokens_per_second_min']:.1f}-{r['tokens_per_second_max']:.1f}",
             _f(r.get("ratio_to_plain")), _f(r.get("ratio_to_counterpart")),
             _f(r.get("mean_acceptance_length")), _f(r.get("alpha")), _f(r.get("c")),
-            _f(r.get("bound")), _f(r.get("share_of_bound"), "{:.0%}"), _split(r),
+            _f(r.get("bound")), _f(r.get("share_of_bound"), "{:.0%}"),
+            _f(r.get("target_width_cost")), _f(r.get("bound_with_width_cost")), _split(r),
         ])
     return out
 
@@ -75,7 +76,9 @@ def format_report(result: dict, *, markdown: bool = False) -> str:
                  "bookkeeping, shares of wall time. x plain: tok/s over exactspec plain; x hf: "
                  "over the transformers counterpart; acc len: tokens per target forward; alpha: "
                  "per-token acceptance fitted to acc len; c: draft step / target step; bound: "
-                 "(1 - a^(K+1)) / ((1 - a)(K c + 1)); share: x plain / bound.")
+                 "(1 - a^(K+1)) / ((1 - a)(K c + 1)); share: x plain / bound; w: target "
+                 "forward over K+1 tokens / over 1 token (the bound assumes 1); bound w: the "
+                 "bound with w in place of 1, (1 - a^(K+1)) / ((1 - a)(K c + w)).")
     return "\n\n".join(parts)
 
 

@@ -28,6 +28,7 @@ ROW_KEYS = {
     "tokens_per_second", "tokens_per_second_rounds", "tokens_per_second_min",
     "tokens_per_second_max", "ratio_to_plain", "mean_acceptance_length", "acceptance_rate",
     "alpha", "mean_k", "c", "bound", "share_of_bound", "time_split", "verify_share_of_step",
+    "target_width_cost", "bound_with_width_cost",
     "acceptance_by_position",
 }
 
