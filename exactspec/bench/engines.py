@@ -70,6 +70,7 @@ class Run:
     drafted: int = 0  # draft tokens proposed
     accepted: int = 0  # draft tokens kept
     accepted_per_position: list[int] = field(default_factory=list)  # steps keeping draft i
+    drafted_per_position: list[int] = field(default_factory=list)  # steps with a draft i
     prefill_seconds: float = 0.0  # exactspec's time split (first row's view of its batch)
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
@@ -190,10 +191,9 @@ class Engines:
             run.steps += st.steps
             run.drafted += st.drafted
             run.accepted += st.accepted
-            app = st.accepted_per_position
-            run.accepted_per_position += [0] * (len(app) - len(run.accepted_per_position))
-            for i, a in enumerate(app):
-                run.accepted_per_position[i] += a
+            run.accepted_per_position = add_counts(run.accepted_per_position,
+                                             st.accepted_per_position)
+            run.drafted_per_position = add_counts(run.drafted_per_position, st.drafted_per_position)
         # the batch shares its steps: the longest-lived row saw every step of the batch
         st = max((g.stats for g in gens), key=lambda s: s.seconds)
         run.prefill_seconds, run.draft_seconds = st.prefill_seconds, st.draft_seconds
@@ -240,6 +240,12 @@ class Engines:
                     break
             texts.append(toks)
         return Run(tokens=sum(map(len, texts)), seconds=seconds, texts=texts)
+
+
+def add_counts(a: list[int], b: list[int]) -> list[int]:
+    """Element-wise sum of two count lists of different lengths."""
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
 
 
 def _sync(device: torch.device) -> None:

@@ -22,7 +22,7 @@ from importlib import resources
 import torch
 from tqdm.auto import tqdm
 
-from exactspec.bench.engines import MODES, Engines, EngineSpec, Run, default_engines
+from exactspec.bench.engines import MODES, Engines, EngineSpec, Run, add_counts, default_engines
 from exactspec.models.loading import Model
 
 log = logging.getLogger(__name__)
@@ -297,10 +297,9 @@ class Bench:
         drafted = sum(r.drafted for r in flat)
         accepted = sum(r.accepted for r in flat)
         app: list[int] = []
+        dpp: list[int] = []
         for r in flat:
-            app += [0] * (len(r.accepted_per_position) - len(app))
-            for i, a in enumerate(r.accepted_per_position):
-                app[i] += a
+            app, dpp = add_counts(app, r.accepted_per_position), add_counts(dpp, r.drafted_per_position)
         row = {
             "engine": spec.name, "family": spec.family, "drafter": spec.drafter,
             "k": spec.k, "verify": spec.verify if spec.family == "exactspec" else None,
@@ -320,7 +319,8 @@ class Bench:
             row.update(mean_acceptance_length=None, acceptance_rate=None, alpha=None,
                        mean_k=None, c=None, bound=None, share_of_bound=None, time_split=None,
                        target_width_cost=None, bound_with_width_cost=None,
-                       verify_share_of_step=None, acceptance_by_position=None)
+                       verify_share_of_step=None, acceptance_by_position=None,
+                       accepted_per_position=None, drafted_per_position=None)
             return row
         mean_len = tokens / steps if steps else 0.0
         mean_k = drafted / steps if steps else 0.0
@@ -359,19 +359,19 @@ class Bench:
                             if bound and row["ratio_to_plain"] is not None else None),
             time_split={k: v / seconds for k, v in split.items()} if seconds else None,
             verify_share_of_step=split["standardize_verify"] / decode if decode > 0 else None,
-            acceptance_by_position=[a / steps for a in app] if steps else [],
+            accepted_per_position=app, drafted_per_position=dpp,
+            # P(draft i kept | the step drafted an i-th token), i = 1..K
+            acceptance_by_position=[a / d if d else 0.0 for a, d in zip(app, dpp, strict=False)],
         )
         return row
 
 
 def _merge(a: Run, b: Run) -> Run:
-    app = [x + y for x, y in zip(a.accepted_per_position, b.accepted_per_position, strict=False)]
-    longer = a.accepted_per_position if len(a.accepted_per_position) > len(
-        b.accepted_per_position) else b.accepted_per_position
-    app += longer[len(app):]
     return Run(tokens=a.tokens + b.tokens, seconds=a.seconds + b.seconds, steps=a.steps + b.steps,
                drafted=a.drafted + b.drafted, accepted=a.accepted + b.accepted,
-               accepted_per_position=app, prefill_seconds=a.prefill_seconds + b.prefill_seconds,
+               accepted_per_position=add_counts(a.accepted_per_position, b.accepted_per_position),
+               drafted_per_position=add_counts(a.drafted_per_position, b.drafted_per_position),
+               prefill_seconds=a.prefill_seconds + b.prefill_seconds,
                draft_seconds=a.draft_seconds + b.draft_seconds,
                target_seconds=a.target_seconds + b.target_seconds,
                verify_seconds=a.verify_seconds + b.verify_seconds)

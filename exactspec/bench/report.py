@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 
@@ -39,16 +40,40 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
 def format_table(rows: list[dict], *, markdown: bool = False,
                  columns: list[str] | None = None) -> str:
     """Rows of the result JSON as an aligned text table, or a markdown one."""
-    cols = columns or COLUMNS
-    body = table_rows(rows)
+    return _render(columns or COLUMNS, table_rows(rows), markdown)
+
+
+def _geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def format_summary(result: dict, mode: str, *, markdown: bool = False) -> str:
+    """One line per engine: tok/s per workload, geometric-mean ratios to plain and to hf."""
+    rows = [r for r in result["results"] if r["mode"] == mode]
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    cols = ["engine", *workloads, "x plain (geo)", "x hf (geo)", "acc len (mean)"]
+    body = []
+    for e in dict.fromkeys(r["engine"] for r in rows):
+        mine = {r["workload"]: r for r in rows if r["engine"] == e}
+        lens = [r["mean_acceptance_length"] for r in mine.values()
+                if r.get("mean_acceptance_length")]
+        body.append([e, *(f"{mine[w]['tokens_per_second']:.1f}" if w in mine else "-"
+                          for w in workloads),
+                     _f(_geomean([r["ratio_to_plain"] for r in mine.values()])),
+                     _f(_geomean([r.get("ratio_to_counterpart") for r in mine.values()])),
+                     _f(sum(lens) / len(lens) if lens else None)])
+    return _render(cols, body, markdown)
+
+
+def _render(cols: list[str], body: list[list[str]], markdown: bool) -> str:
     if markdown:
         lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        lines += ["| " + " | ".join(r) + " |" for r in body]
-        return "\n".join(lines)
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
     widths = [max(len(c), *(len(r[i]) for r in body)) if body else len(c)
               for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)),
+             "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in body]
     return "\n".join(lines)
 
@@ -64,6 +89,10 @@ def format_report(result: dict, *, markdown: bool = False) -> str:
     parts = [head]
     if result.get("draft_note"):
         parts.append(f"draft model: {result['draft_note']}")
+    for mode in dict.fromkeys(r["mode"] for r in result["results"]):
+        parts.append(f"summary, {mode}: tok/s per workload (median over rounds)")
+        parts.append(format_summary(result, mode, markdown=markdown))
+    parts.append("every engine, mode and workload:")
     parts.append(format_table(result["results"], markdown=markdown))
     if result.get("sweep"):
         parts.append(f"speedup against K (greedy, {result['config']['sweep_workload']}):")
@@ -123,13 +152,17 @@ def write_plots(result: dict, out_dir: str | Path) -> list[Path]:
     sweep = result.get("sweep") or []
     fig, ax1 = plt.subplots(figsize=(6, 4))
     for d in ("lookup", "draft", "eagle"):
-        pts = sorted((r["k"], r["ratio_to_plain"], r["bound"]) for r in sweep
-                     if r["drafter"] == d and r["ratio_to_plain"] is not None)
+        pts = sorted((r["k"], r["ratio_to_plain"], r["bound"], r.get("bound_with_width_cost"))
+                     for r in sweep if r["drafter"] == d and r["ratio_to_plain"] is not None)
         if pts:
             line = ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{d} measured")
+            color = line[0].get_color()
             if all(p[2] is not None for p in pts):
-                ax1.plot([p[0] for p in pts], [p[2] for p in pts], "--",
-                         color=line[0].get_color(), label=f"{d} analytic bound")
+                ax1.plot([p[0] for p in pts], [p[2] for p in pts], "--", color=color,
+                         label=f"{d} analytic bound")
+            if all(p[3] is not None for p in pts):
+                ax1.plot([p[0] for p in pts], [p[3] for p in pts], ":", color=color,
+                         label=f"{d} bound with measured width cost")
     ax1.axhline(1.0, color="grey", lw=0.8)
     ax1.set_xlabel("K (draft tokens per step)")
     ax1.set_ylabel("speedup over exactspec plain")
@@ -140,24 +173,26 @@ def write_plots(result: dict, out_dir: str | Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    fig, ax2 = plt.subplots(figsize=(6, 4))
-    shown = [r for r in sweep if r.get("acceptance_by_position")]
-    longest = {}
-    for r in shown:
-        if r["drafter"] not in longest or _k(r) > _k(longest[r["drafter"]]):
-            longest[r["drafter"]] = r
-    extra = [r for r in rows if r["mode"] != "greedy" and r.get("acceptance_by_position")
-             and isinstance(r["k"], int) and r["verify"] == "token"]
-    seen = set()
-    for r in list(longest.values()) + extra:
-        key = (r["engine"], r["mode"])
-        if key in seen or len(seen) >= 8:
+    fig, ax2 = plt.subplots(figsize=(7, 4.5))
+    lines: dict[str, tuple[list[int], list[int]]] = {}
+    for r in rows + sweep:  # fixed-K token-verified engines, summed over workloads
+        if not r.get("drafted_per_position") or not isinstance(r["k"], int) or \
+                r["verify"] != "token":
             continue
-        seen.add(key)
-        apos = r["acceptance_by_position"]
-        ax2.plot(range(1, len(apos) + 1), apos, "o-", label=f"{r['engine']} {r['mode']}")
+        key = f"{r['engine']} {r['mode']}"
+        a, d = lines.get(key, ([], []))
+        lines[key] = (_add(a, r["accepted_per_position"]), _add(d, r["drafted_per_position"]))
+    for key, (a, d) in list(lines.items())[:10]:
+        ys = [x / y if y else 0.0 for x, y in zip(a, d, strict=False)]
+        ax2.plot(range(1, len(ys) + 1), ys, "o-", label=key)
+    if not lines:  # results without per-position draft counts: per-step rates, per workload
+        for r in [r for r in sweep + rows if r.get("acceptance_by_position")
+                  and isinstance(r["k"], int) and r["verify"] == "token"][:10]:
+            ys = r["acceptance_by_position"]
+            ax2.plot(range(1, len(ys) + 1), ys, "o-",
+                     label=f"{r['engine']} {r['mode']} {r['workload']} (per step)")
     ax2.set_xlabel("draft position i")
-    ax2.set_ylabel("P(draft i accepted) per step")
+    ax2.set_ylabel("P(draft i kept | drafted)")
     ax2.set_ylim(0, 1)
     ax2.set_title("acceptance by draft position")
     ax2.legend(fontsize=7)
@@ -168,5 +203,6 @@ def write_plots(result: dict, out_dir: str | Path) -> list[Path]:
     return paths
 
 
-def _k(r: dict) -> int:
-    return r["k"] if isinstance(r["k"], int) else 0
+def _add(a: list[int], b: list[int]) -> list[int]:
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]

@@ -200,6 +200,10 @@ class BatchDecoder:
                     st.accepted_per_position += [0] * (n_rows[j] - len(st.accepted_per_position))
                 for pos in range(n_rows[j]):
                     st.accepted_per_position[pos] += 1
+                if real_rows[j] > len(st.drafted_per_position):
+                    st.drafted_per_position += [0] * (real_rows[j] - len(st.drafted_per_position))
+                for pos in range(real_rows[j]):
+                    st.drafted_per_position[pos] += 1
                 st.emitted = len(out.tokens)
                 st.seconds = now - start
                 kept.append(c)

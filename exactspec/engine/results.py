@@ -17,6 +17,7 @@ class GenerationStats:
     drafted: int = 0  # draft tokens proposed to this row
     accepted: int = 0  # draft tokens the verifier kept
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: steps with draft i kept
+    drafted_per_position: list[int] = field(default_factory=list)  # [i]: steps with a draft i
     emitted: int = 0  # tokens in token_ids
     seconds: float = 0.0  # wall time from the start of the row's batch to the row's end
     prefill_seconds: float = 0.0  # of which: the batch's prompt prefill

@@ -102,8 +102,11 @@ def test_speculative_figures_are_consistent(result):
         assert 0 <= r["alpha"] <= 1
         assert r["accepted"] <= r["drafted"]
         assert all(0 <= a <= 1 for a in r["acceptance_by_position"])
-        apos = r["acceptance_by_position"]
-        assert all(a >= b for a, b in itertools.pairwise(apos))  # a prefix is kept
+        app, dpp = r["accepted_per_position"], r["drafted_per_position"]
+        assert all(a >= b for a, b in itertools.pairwise(app))  # a prefix is kept
+        assert all(a >= b for a, b in itertools.pairwise(dpp))
+        assert len(app) <= len(dpp) and all(a <= d for a, d in zip(app, dpp, strict=False))
+        assert dpp[0] <= r["steps"] and sum(dpp) == r["drafted"] and sum(app) == r["accepted"]
         if r["c"] is not None:
             assert r["bound"] == pytest.approx(analytic_bound(r["alpha"], r["mean_k"], r["c"]))
             assert r["share_of_bound"] == pytest.approx(r["ratio_to_plain"] / r["bound"])
