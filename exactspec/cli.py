@@ -296,6 +296,10 @@ def _cmd_bench(args) -> int:
     if args.draft_layers is not None:
         cfg.draft_layers = args.draft_layers
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if not args.verbose:  # transformers warns on every assisted-generation call
+        import transformers
+
+        transformers.logging.set_verbosity_error()
     model = load(args.model, device=device)
     draft = truncated_draft(model.model, cfg.draft_layers)
     layers = model.model.config.num_hidden_layers
