@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 
-import torch
 from tqdm.auto import tqdm
 
 from exactspec.bench.engines import MODES, Engines, EngineSpec, Run, add_counts, default_engines
+from exactspec.bench.figures import analytic_bound, fit_alpha, machine_info
 from exactspec.models.loading import Model
 
 log = logging.getLogger(__name__)
@@ -76,28 +75,6 @@ class BenchConfig:
                    workloads=["chat", "code_edit", "summarise"], prompts_per_workload=1,
                    max_new_tokens=32, sweep_ks=[2, 8], sweep_drafters=["lookup"],
                    block=False, batch_max_new_tokens=24)
-
-
-def fit_alpha(mean_len: float, k: float) -> float:
-    """Per-token acceptance rate a with (1 - a^(k+1)) / (1 - a) == mean_len (i.i.d. model)."""
-    if k <= 0 or mean_len <= 1.0:
-        return 0.0
-    if mean_len >= k + 1:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        a = (lo + hi) / 2
-        if (1 - a ** (k + 1)) / (1 - a) < mean_len:
-            lo = a
-        else:
-            hi = a
-    return (lo + hi) / 2
-
-
-def analytic_bound(alpha: float, k: float, c: float) -> float:
-    """Leviathan et al. Thm 3.8: expected speedup (1 - a^(K+1)) / ((1 - a)(K c + 1))."""
-    tokens = k + 1 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
-    return tokens / (k * c + 1)
 
 
 def _median(xs: list[float]) -> float:
@@ -375,27 +352,3 @@ def _merge(a: Run, b: Run) -> Run:
                draft_seconds=a.draft_seconds + b.draft_seconds,
                target_seconds=a.target_seconds + b.target_seconds,
                verify_seconds=a.verify_seconds + b.verify_seconds)
-
-
-def machine_info() -> dict:
-    """What the figures were measured on."""
-    import os
-
-    info = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "python": platform.python_version(),
-    }
-    try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:  # pragma: no cover
-        pass
-    if hasattr(os, "getloadavg"):
-        info["load_average"] = os.getloadavg()
-    return info
