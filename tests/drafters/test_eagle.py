@@ -178,3 +178,25 @@ def test_load_drafter_round_trips(target, tmp_path):
     assert torch.equal(outs[0][1], outs[1][1])
     with pytest.raises(ValueError, match="draft head"):
         load_drafter(tmp_path / "nowhere")
+
+
+@pytest.mark.slow
+def test_shipped_head_drafts_for_smollm2_through_the_engine():
+    """The shipped head loads, and greedy speculative == greedy plain through the engine."""
+    from exactspec.engine import generate
+    from exactspec.models import load
+
+    try:
+        model = load("smollm2-135m")
+    except (ValueError, FileNotFoundError) as exc:  # the weights package is not installed
+        pytest.skip(str(exc))
+    drafter = load_drafter("smollm2-135m", target=model)
+    assert drafter.hidden_layers == (4, 16, -1)
+    assert drafter.head.config.draft_vocab_size == drafter.head.vocab_ids.numel() == 8192
+    ids = model.encode("Write a short poem about the rain.", chat=True)
+    params = SamplingParams(temperature=0.0)
+    plain = generate(model, [ids], params=params, max_new_tokens=24)[0]
+    spec = generate(model, [ids], drafter=drafter, params=params, max_new_tokens=24,
+                    num_draft_tokens=4)[0]
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.accepted > 0
