@@ -223,12 +223,11 @@ class Bench:
         for r in range(self.cfg.rounds):
             for s in specs:
                 bar.set_postfix_str(f"{label} {s.name}")
-                tokens, seconds, merged = 0, 0.0, None
+                merged = None
                 for i, prompts in enumerate(prompt_sets):
                     n = budget or (self._budget(w) if w else 32)
                     run = self.runner.run(s, prompts, MODES["greedy"], n, seed=1000 * r + i)
                     merged = run if merged is None else _merge(merged, run)
-                    tokens, seconds = tokens + run.tokens, seconds + run.seconds
                 out.setdefault(s.name, []).append(merged)
                 bar.update()
         return out
