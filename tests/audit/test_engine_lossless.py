@@ -21,6 +21,8 @@ from exactspec.audit.samplers import sequence_ids
 from exactspec.audit.stats import bincount, chi_square
 from exactspec.audit.world import World, logits_table, model_world, standardize
 from exactspec.drafters import DraftModel, PromptLookup
+from exactspec.drafters.eagle import EagleDrafter
+from exactspec.drafters.eagle_head import EagleConfig, EagleHead
 from exactspec.engine import generate
 from exactspec.sampling import SamplingParams
 
@@ -71,15 +73,32 @@ def _counts(models, drafter, params, verify, seed):
     return bincount(sequence_ids(seqs, V), V**N), sum(g.stats.accepted for g in gens)
 
 
+def eagle(target, vocab_ids: torch.Tensor | None = None) -> EagleDrafter:
+    """An EAGLE-style head with random (sharpened) weights over the target's features."""
+    torch.manual_seed(2)
+    head = EagleHead(EagleConfig.for_target(target.config, (1, -1)))
+    with torch.no_grad():
+        for w in head.parameters():
+            w.mul_(3.0)
+    if vocab_ids is not None:  # a reduced draft vocabulary: q = 0 outside it
+        head.set_vocab(vocab_ids)
+    return EagleDrafter(head, target)
+
+
 @pytest.mark.parametrize(("drafter", "params", "method"), [
     pytest.param("draft model", FILTERED, "token", id="draft-filtered-token"),
     pytest.param("draft model", FILTERED, "block", id="draft-filtered-block"),
     pytest.param("draft model", PENALISED, "block", id="draft-penalised-block"),
+    pytest.param("eagle", FILTERED, "token", id="eagle-filtered-token"),
+    pytest.param("eagle", PENALISED, "block", id="eagle-penalised-block"),
+    pytest.param("eagle-5", FILTERED, "block", id="eagle-reduced-vocab-block"),
     pytest.param("prompt lookup", FILTERED, "token", id="lookup-filtered-token"),
     pytest.param("prompt lookup", PENALISED, "block", id="lookup-penalised-block"),
 ])
 def test_generate_matches_the_target(models, drafter, params, method):
-    make = {"draft model": lambda: DraftModel(models[1]), "prompt lookup": PromptLookup}[drafter]
+    make = {"draft model": lambda: DraftModel(models[1]), "prompt lookup": PromptLookup,
+            "eagle": lambda: eagle(models[0]),
+            "eagle-5": lambda: eagle(models[0], torch.tensor([0, 1, 2, 3, 5]))}[drafter]
     counts, accepted = _counts(models, make(), params, method, seed=5)
     assert accepted > ROWS // 10  # drafts were really used, not only bonus tokens
     result = chi_square(counts, target_law(_world(models, params), N))
