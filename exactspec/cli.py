@@ -117,6 +117,9 @@ def _add_generate(sub) -> None:
                           help="draft model sharing the target's vocabulary")
     drafters.add_argument("--prompt-lookup", action="store_true",
                           help="draft by copying n-grams from the prompt and output")
+    drafters.add_argument("--eagle", metavar="HEAD", nargs="?", const="smollm2-135m", default=None,
+                          help="draft with an EAGLE-style head over the target's features: the "
+                          "shipped name (default smollm2-135m) or a directory from train-draft")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
@@ -146,7 +149,7 @@ def _add_generate(sub) -> None:
 def _cmd_generate(args) -> int:
     import json
 
-    from exactspec.drafters import DraftModel, PromptLookup
+    from exactspec.drafters import DraftModel, PromptLookup, load_drafter
     from exactspec.engine import generate, stream
     from exactspec.models import load
     from exactspec.sampling import SamplingParams
@@ -177,6 +180,8 @@ def _cmd_generate(args) -> int:
         drafter, drafter_name = DraftModel(load(args.draft)), f"draft {args.draft}"
     elif args.prompt_lookup:
         drafter, drafter_name = PromptLookup(), "prompt lookup"
+    elif args.eagle:
+        drafter, drafter_name = load_drafter(args.eagle, target=model), f"eagle {args.eagle}"
     ids = model.encode(args.prompt, chat=not args.no_chat)
     if len(ids) >= model.max_context:
         raise UsageError(f"the prompt has {len(ids)} tokens; {model.name} takes at most "

@@ -2,6 +2,8 @@
 
 from exactspec.drafters.base import DraftContext, Drafter, TargetInfo
 from exactspec.drafters.draft_model import DraftModel
+from exactspec.drafters.eagle import EagleDrafter, load_drafter
 from exactspec.drafters.prompt_lookup import PromptLookup
 
-__all__ = ["DraftContext", "DraftModel", "Drafter", "PromptLookup", "TargetInfo"]
+__all__ = ["DraftContext", "DraftModel", "Drafter", "EagleDrafter", "PromptLookup", "TargetInfo",
+           "load_drafter"]

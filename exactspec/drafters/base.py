@@ -52,6 +52,7 @@ class TargetInfo:
 
     vocab_size: int  # width of the target's logits
     tokenizer: object | None  # the target's tokenizer, when known
+    model: object | None = None  # the target's transformers model (heads share its embeddings)
 
 
 @runtime_checkable

@@ -42,6 +42,23 @@ def test_compare_plain_prints_both_speeds(model_dir, capsys):
     assert out[-1].startswith("speculative ") and "vs plain" in out[-1] and out[-1].endswith("x")
 
 
+def test_eagle_head_from_a_directory(model_dir, tmp_path, capsys):
+    from exactspec.drafters.eagle import save_head
+    from exactspec.drafters.eagle_head import EagleConfig, EagleHead
+    from exactspec.models import load
+
+    target = load(model_dir).model
+    save_head(EagleHead(EagleConfig.for_target(target.config, (1, -1))), tmp_path / "head")
+    argv = ["generate", "hello", "--model", model_dir, "--no-chat", "--temperature", "0",
+            "--max-new-tokens", "12", "--eagle", str(tmp_path / "head"), "--json"]
+    assert main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert main([*argv[:-3], "--json"]) == 0  # the same without a drafter: greedy is greedy
+    assert json.loads(capsys.readouterr().out)["token_ids"] == got["token_ids"]
+    assert got["drafter"].startswith("eagle") and got["stats"]["drafted"] > 0
+    assert main([*argv[:-2], str(tmp_path / "missing")]) == 2
+
+
 def test_json_matches_the_library(model_dir, capsys):
     from exactspec import SamplingParams
     from exactspec.engine import generate
