@@ -119,7 +119,8 @@ class BatchDecoder:
             return DraftContext(ctx, lengths, prompt_lengths, params, streams, hid)
 
         if self.drafter is not None:
-            self.drafter.begin(context(), TargetInfo(adapter.vocab_size, self.target.tokenizer))
+            self.drafter.begin(context(), TargetInfo(adapter.vocab_size, self.target.tokenizer,
+                                                         adapter.model))
         prefill_seconds = time.perf_counter() - start
         for o in self.outputs:
             o.stats.prefill_seconds = prefill_seconds
