@@ -15,10 +15,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job: a speculative generation on the embedded model next to plain decoding.
-RUN_PROMPT ?= Add type hints and a one-line docstring to this Python function, and return the whole function:\n\ndef moving_average(values, window):\n    result = []\n    total = 0\n    for i, value in enumerate(values):\n        total += value\n        if i >= window:\n            total -= values[i - window]\n        if i >= window - 1:\n            result.append(total / window)\n    return result
+RUN_PROMPT ?= Fix the typo in this sentence and repeat the whole paragraph: "The quick brown fox jumps over the lazy dog. The dog was not amused, and it barked loudly at the fox, who ran into the forest and hid behind a large oak tree until the evening came and the farmer called the dog home for dinnner."
 RUN_DRAFTER ?= --prompt-lookup
 run: $(STAMP)
-	$(VENV)/bin/exactspec generate "$$(printf '$(RUN_PROMPT)')" $(RUN_DRAFTER) --temperature 0 \
+	$(VENV)/bin/exactspec generate '$(RUN_PROMPT)' $(RUN_DRAFTER) --temperature 0 \
 		--max-new-tokens 160 --num-draft-tokens auto --compare-plain
 
 test: $(STAMP)
