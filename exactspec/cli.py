@@ -227,8 +227,8 @@ def _add_train_draft(sub) -> None:
     p.add_argument("--model", default="smollm2-135m",
                    help="target: embedded name, transformers directory or .gguf file")
     p.add_argument("--out", required=True, help="output directory (data, checkpoint, head)")
-    p.add_argument("--minutes", type=float, default=25.0,
-                   help="training-loop budget in minutes, data building excluded (default 25)")
+    p.add_argument("--minutes", type=float, default=30.0,
+                   help="training-loop budget in minutes, data building excluded (default 30)")
     p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
     p.add_argument("--max-steps", type=int, default=0, help="also stop after N steps (0 = off)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")

@@ -35,7 +35,7 @@ class TrainConfig:
     """Everything that decides the trained head; written to OUT/train-config.json."""
 
     model: str = "smollm2-135m"  # target: embedded name or path
-    minutes: float = 25.0  # wall-clock budget of the training loop (data building excluded)
+    minutes: float = 30.0  # wall-clock budget of the training loop (data building excluded)
     max_steps: int = 0  # stop after this many optimizer steps as well (0 = only the clock)
     hidden_layers: tuple[int, ...] = (4, 16, -1)  # target features the head reads
     draft_vocab_size: int = 8192  # tokens the head can propose (most target mass)
@@ -44,10 +44,11 @@ class TrainConfig:
     lr: float = 1e-3  # AdamW peak learning rate (cosine to lr/10 over the budget)
     warmup: int = 30  # linear warmup steps
     weight_decay: float = 0.0  # AdamW weight decay
-    tokens_per_batch: int = 1024  # padded tokens per optimizer step
+    tokens_per_batch: int = 2048  # padded tokens per optimizer step
     init_from_target: bool = True  # start the head's layer from the target's last layer
-    max_new_tokens: int = 128  # reply length of the generated training data
-    data_batch: int = 64  # rows per generation batch
+    max_new_tokens: int = 192  # reply length of the generated training data
+    replies: int = 2  # replies per training prompt (one greedy, the others sampled at T=1)
+    data_batch: int = 128  # rows per generation batch
     data_batches: int = 0  # generation batches of training data (0 = every prompt)
     eval_new_tokens: int = 96  # reply length of the held-out generations
     eval_depth: int = 4  # K for the evaluation
@@ -165,13 +166,13 @@ def train_draft(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False,
     prompts = cfg.prompts if cfg.prompts is not None else read_prompts()
     heldout = cfg.heldout if cfg.heldout is not None else read_prompts("heldout_prompts.txt")
     seqs = build_corpus(target, prompts, out / "data" / "train", hidden_layers=cfg.hidden_layers,
-                        max_new_tokens=cfg.max_new_tokens, batch_size=cfg.data_batch,
-                        seed=cfg.seed, max_batches=cfg.data_batches, desc="train data")
-    # every held-out prompt twice: sampled at T=1 (even) and greedy (odd)
-    held = build_corpus(target, [p for p in heldout for _ in range(2)], out / "data" / "heldout",
+                        max_new_tokens=cfg.max_new_tokens, replies=cfg.replies,
+                        batch_size=cfg.data_batch, seed=cfg.seed, max_batches=cfg.data_batches,
+                        desc="train data")
+    # every held-out prompt twice: sampled at T=1 and greedy
+    held = build_corpus(target, heldout, out / "data" / "heldout", replies=2,
                         hidden_layers=cfg.hidden_layers, max_new_tokens=cfg.eval_new_tokens,
-                        batch_size=cfg.data_batch, seed=cfg.seed + 1, mixed=True,
-                        desc="held-out data")
+                        batch_size=cfg.data_batch, seed=cfg.seed + 1, desc="held-out data")
     data_seconds = time.time() - t0
     n_tok = sum(len(s.tokens) for s in seqs)
     log.info("data: %d sequences, %d tokens (%.0f s)", len(seqs), n_tok, data_seconds)

@@ -17,6 +17,7 @@ def test_generate_batch_records_the_targets_features_and_p():
     seqs = generate_batch(model, prompts, hidden_layers=LAYERS, max_new_tokens=6, greedy=False,
                           eos=[0], generator=torch.Generator().manual_seed(0), mass=mass)
     assert [s.prompt_len for s in seqs] == [5, 2, 3]
+    assert any(len(s.tokens) - s.prompt_len < 6 for s in seqs)  # some row stopped at EOS
     total = 0
     for s, p in zip(seqs, prompts, strict=True):
         assert s.tokens[: len(p)].tolist() == p and 0 not in s.tokens.tolist()
@@ -25,11 +26,17 @@ def test_generate_batch_records_the_targets_features_and_p():
             out = model(input_ids=s.tokens[None], output_hidden_states=True)
         feats = torch.cat([out.hidden_states[i] for i in LAYERS], -1)[0]
         torch.testing.assert_close(s.feats.float(), feats, atol=2e-2, rtol=1e-2)
-        # the soft label: p = softmax(lm_head(final)) = exp(lm_head(final) - lse)
-        p_rec = torch.exp(s.final.float() @ model.lm_head.weight.T - s.lse[:, None])
-        torch.testing.assert_close(p_rec, torch.softmax(out.logits[0], -1), atol=2e-2, rtol=0)
-        total += len(s.tokens)
-    assert abs(float(mass.sum()) - total) < 1e-3  # one unit of p mass per recorded position
+        final = out.hidden_states[-1][0]
+        torch.testing.assert_close(s.final.float(), final, atol=2e-2, rtol=1e-2)
+        # the soft label: p = softmax(lm_head(final)) = exp(lm_head(final) - lse), recorded
+        # from the last prompt token on (the positions that predict a reply token)
+        first = len(p) - 1
+        assert torch.isnan(s.lse[:first]).all() and not torch.isnan(s.lse[first:]).any()
+        p_rec = torch.exp(s.final[first:].float() @ model.lm_head.weight.T - s.lse[first:, None])
+        torch.testing.assert_close(p_rec, torch.softmax(out.logits[0, first:], -1), atol=2e-2,
+                                   rtol=0)
+        total += len(s.tokens) - first
+    assert abs(float(mass.sum()) - total) < 1e-3  # one unit of p mass per labelled position
 
 
 def test_batches_cover_every_sequence_once():
