@@ -13,7 +13,8 @@ disagrees with what the cache was fed, normally just the newly emitted positions
 q at draft position j is `probs_from_logits` of the head's logits (the draft vocabulary
 scattered into the full vocabulary, other tokens at a logit 1e4 below the row's minimum, so
 their probability underflows to 0), with the engine's parameters and the history the target
-uses there; the token is drawn from exactly that q with `DOMAIN_DRAFT + j`.
+uses there; the token is drawn from exactly that q with `DOMAIN_DRAFT + j`. Without penalties
+or logit_bias the same q is computed on the draft vocabulary alone and scattered (cheaper).
 
 `load_drafter("smollm2-135m")` returns the shipped head; `load_drafter(path)` one written by
 `exactspec train-draft`. The frozen target parts (embedding, final norm, LM head) are shared
@@ -139,6 +140,12 @@ class EagleDrafter:
         slots = torch.arange(self._k.shape[2], device=dev)
         mask = (slots[None, :] < real[:, None])[:, None, :]  # [B, 1, S]
         ks, vs = [], []
+        params = context.params
+        # penalties and logit_bias act on the full vocabulary (history, token ids); without
+        # them, standardizing the draft vocabulary alone gives the same q (off-vocabulary
+        # tokens have probability 0 either way) at a sixth of the work
+        on_sub_vocab = not params.uses_history and not params.logit_bias
+        ids = head.vocab_ids[None, :].expand(b, -1)  # [B, Vd]
         for j in range(k):
             if j > 0:  # chain depth j+1: own output and the previous draft token
                 x, qh, kh, vh = head.qkv(g[:, None], drafts[:, j - 1 : j], (s + j)[:, None])
@@ -146,9 +153,15 @@ class EagleDrafter:
                 vs.append(vh)
                 a = attend(qh, self._k, self._v, mask, torch.stack(ks, 3), torch.stack(vs, 3))
                 g = head.finish(x, a)[:, 0]
-            full = full_logits(head, head.logits(g))  # [B, V]
-            prev = history(context, drafts[:, :j]).to(dev) if context.params.uses_history else None
-            q_j = probs_from_logits(full, context.params, prev, prompt_len)  # [B, V]
+            sub = head.logits(g)  # [B, Vd]
+            if on_sub_vocab:  # q is zero off the draft vocabulary: standardize only Vd entries
+                q_sub = probs_from_logits(sub, params)  # [B, Vd]
+                drafts[:, j] = head.vocab_ids[sample(q_sub, context.streams,
+                                                     domain=DOMAIN_DRAFT + j)]
+                q[:, j].scatter_(1, ids, q_sub)
+                continue
+            prev = history(context, drafts[:, :j]).to(dev) if params.uses_history else None
+            q_j = probs_from_logits(full_logits(head, sub), params, prev, prompt_len)  # [B, V]
             drafts[:, j] = sample(q_j, context.streams, domain=DOMAIN_DRAFT + j)
             q[:, j] = q_j
         want = torch.arange(k, device=dev)[None, :] < num_tokens.to(dev)[:, None]
