@@ -97,3 +97,11 @@ def prefix_history(hist: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     extra_dims = ends.dim() - 1
     h = hist.reshape(hist.shape[0], *([1] * extra_dims), hist.shape[1])
     return h.masked_fill(pos >= ends[..., None], -1)
+
+
+def empty_proposal(
+    batch: int, num_tokens: int, vocab: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:  # [B, K] all -1, [B, K, V] zeros
+    """The (drafts, q) pair a drafter fills in: no token drafted yet, q = 0 everywhere."""
+    drafts = torch.full((batch, num_tokens), -1, dtype=torch.long, device=device)
+    return drafts, torch.zeros(batch, num_tokens, vocab, dtype=torch.float32, device=device)

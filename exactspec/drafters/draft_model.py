@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from exactspec.drafters.base import DraftContext, TargetInfo, history
+from exactspec.drafters.base import DraftContext, TargetInfo, empty_proposal, history
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import as_model
 from exactspec.sampling import DOMAIN_DRAFT, probs_from_logits, sample
@@ -77,8 +77,7 @@ class DraftModel:
         b = tokens.shape[0]
         k = int(num_tokens.max()) if b else 0
         vocab = self.model.vocab_size
-        drafts = torch.full((b, k), -1, dtype=torch.long, device=dev)  # [B, K]
-        q = torch.zeros(b, k, vocab, dtype=torch.float32, device=dev)  # [B, K, V]
+        drafts, q = empty_proposal(b, k, vocab, dev)  # [B, K] -1, [B, K, V] zeros
         if k == 0:
             return drafts, q
         # roll back: keep the cached prefix that agrees with the context (never the last token)

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from exactspec.drafters.base import DraftContext, TargetInfo, history
+from exactspec.drafters.base import DraftContext, TargetInfo, empty_proposal, history
 from exactspec.drafters.eagle_head import EagleConfig, EagleHead, attend
 from exactspec.sampling import DOMAIN_DRAFT, probs_from_logits, sample
 
@@ -129,8 +129,7 @@ class EagleDrafter:
         b = tokens.shape[0]
         k = int(num_tokens.max()) if b else 0
         vocab = head.config.vocab_size
-        drafts = torch.full((b, k), -1, dtype=torch.long, device=dev)  # [B, K]
-        q = torch.zeros(b, k, vocab, dtype=torch.float32, device=dev)  # [B, K, V]
+        drafts, q = empty_proposal(b, k, vocab, dev)  # [B, K] -1, [B, K, V] zeros
         if k == 0:
             return drafts, q
         real = self._catch_up(hidden.to(dev), tokens, lengths)  # [B] real positions cached

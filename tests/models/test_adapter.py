@@ -7,14 +7,7 @@ import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 from exactspec.models.adapter import TargetAdapter
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from tests.threads import one_thread as _one_thread  # noqa: F401 (autouse fixture)
 
 
 def _llama(attn: str) -> LlamaForCausalLM:
