@@ -223,7 +223,8 @@ def _add_train_draft(sub) -> None:
         "over the target's features with a progress bar and checkpoints, then writes "
         "OUT/head (load it with exactspec.load_drafter(OUT/head)), OUT/loss.png and "
         "OUT/eval.json (alpha and mean acceptance length on held-out prompts, T=1 and greedy, "
-        "K=4). Example: exactspec train-draft --model smollm2-135m --out runs/head --minutes 25")
+        "K=4). About an hour on 2 CPU cores with the defaults (half of it building data). "
+        "Example: exactspec train-draft --model smollm2-135m --out runs/head --minutes 30")
     p.add_argument("--model", default="smollm2-135m",
                    help="target: embedded name, transformers directory or .gguf file")
     p.add_argument("--out", required=True, help="output directory (data, checkpoint, head)")
