@@ -24,11 +24,12 @@ def time_widths(adapter: TargetAdapter, widths: list[int], batch: int, context: 
                 repeats: int) -> dict[int, float]:
     """Median ms of `adapter.extend` over `w` new tokens per row after `context` cached ones."""
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(100, 20000, (context,), generator=gen).tolist()
+    vocab = adapter.vocab_size
+    prompt = torch.randint(0, vocab, (context,), generator=gen).tolist()
     adapter.prefill([prompt] * batch, capacity=context + max(widths) + 1)
     out = {}
     for w in widths:
-        tokens = torch.randint(100, 20000, (batch, w), generator=gen).to(adapter.device)
+        tokens = torch.randint(0, vocab, (batch, w), generator=gen).to(adapter.device)
         adapter.extend(tokens)  # warm-up; nothing is committed, the cache stays at `context`
         times = []
         for _ in range(repeats):
@@ -45,9 +46,9 @@ def profile_step(adapter: TargetAdapter, width: int, context: int) -> tuple[floa
     """(total ms, share of it in matrix products) of one forward of `width` tokens, profiled."""
     from torch.profiler import ProfilerActivity, profile
 
-    prompt = list(range(100, 100 + context))
+    prompt = [i % adapter.vocab_size for i in range(context)]
     adapter.prefill([prompt], capacity=context + width + 1)
-    tokens = torch.arange(200, 200 + width, device=adapter.device)[None]
+    tokens = (torch.arange(width, device=adapter.device)[None] * 7) % adapter.vocab_size
     adapter.extend(tokens)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         adapter.extend(tokens)
