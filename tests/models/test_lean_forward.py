@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from exactspec.models.adapter import LeanLlama, TargetAdapter, lean_forward_for
+from exactspec.models.adapter import LINEAR_ROWS, LeanLlama, TargetAdapter, lean_forward_for
 from tests.engine.tiny import tiny_llama
 
 
@@ -67,3 +68,19 @@ def test_lean_features_match_transformers_hidden_states():
     assert fb.shape == fa.shape == (2, 3, 32 * len(layers))
     torch.testing.assert_close(fb, fa, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(lb, la, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows,width", [(1, 1), (1, 2), (1, 5), (2, 4), (6, 8)])
+def test_both_weight_layouts_match_transformers(rows, width):
+    """Few rows use the fused [in, out] copies, LINEAR_ROWS the model's own weights."""
+    m = rows * width
+    assert (LINEAR_ROWS[0] <= m <= LINEAR_ROWS[1]) == ((rows, width) in {(1, 5), (2, 4)})
+    model = tiny_llama(4, layers=2)
+    ref, lean = _pair(model)
+    prompts = [[1 + (i + j) % 30 for j in range(3 + i)] for i in range(rows)]
+    for ad in (ref, lean):
+        ad.prefill(prompts, capacity=30)
+    x = torch.randint(1, 40, (rows, width), generator=torch.Generator().manual_seed(rows))
+    (la, fa), (lb, fb) = (ad.extend(x, hidden_layers=(1, -1)) for ad in (ref, lean))
+    torch.testing.assert_close(lb, la, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fb, fa, rtol=1e-4, atol=1e-4)
