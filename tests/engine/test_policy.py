@@ -78,3 +78,20 @@ def test_brute_force_optimum():
 
     best = max(range(AUTO_MAX_DRAFT + 1), key=rate)
     assert chosen == [best] * 3
+
+
+def test_one_measured_width_does_not_make_wider_forwards_look_free():
+    # alpha ~0.86 (prompt lookup on a copy task) with only width 5 measured: the old rule took
+    # every width as costing what width 5 did and jumped to the widest draft
+    pol = _policy([86], [13], draft_cost=1e-5, target_costs={5: 0.010})
+    assert pol._target_cost(9) > pol._target_cost(5) > pol._target_cost(1)
+    alpha = 87 / 101
+
+    def rate(kk):
+        return ((1 - alpha ** (kk + 1)) / (1 - alpha)) / (kk * 1e-5 + 0.010 * (0.5 + 0.5 * (kk + 1) / 5))
+
+    best = max(range(AUTO_MAX_DRAFT + 1), key=rate)
+    assert best < AUTO_MAX_DRAFT
+    assert pol.choose().tolist() == [best]
+    # a row accepting nearly everything still drafts the most
+    assert _policy([500], [5], 1e-5, {5: 0.010}).choose().tolist() == [AUTO_MAX_DRAFT]
