@@ -79,39 +79,38 @@ def generate_batch(
     rows = torch.arange(b, device=dev)
     last = feats0[rows, torch.tensor(plen, device=dev) - 1, -h:]  # [B, H] final feature
     logits = last.float() @ lm.float().T  # [B, V] the distribution of the first reply token
-    steps: list[tuple[torch.Tensor, ...]] = []  # per step: (rows [R], token [R], lse [R], feats)
+    labels: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step: rows [R], their lse [R]
+    fed: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # rows, tokens, feats
     is_greedy = torch.tensor(flags, device=dev)
     eos_t = torch.tensor(eos or [-1], device=dev)
     for step in range(max_new_tokens + 1):
         lse = torch.logsumexp(logits, -1)  # [R] the label's normaliser at the row's last token
+        labels.append((rows.cpu(), lse.cpu()))
         p = torch.exp(logits - lse[:, None])  # [R, V]
         if mass is not None:
             mass += p.sum(0).double().cpu()
         if step == max_new_tokens:
-            steps.append((rows.cpu(), None, lse.cpu(), None))
             break
         drawn = torch.multinomial(p.cpu(), 1, generator=generator)[:, 0]
         nxt = torch.where(is_greedy[rows], logits.argmax(-1), drawn.to(dev))  # [R]
         go = ~torch.isin(nxt, eos_t)  # an EOS ends the row and is not fed (nor recorded)
-        here = (rows.cpu(), nxt.cpu(), lse.cpu())
         if not bool(go.all()):
             keep = go.nonzero()[:, 0]
             adapter.select(keep)
             rows, nxt = rows[keep], nxt[keep]
         if rows.numel() == 0:
-            steps.append((*here, None))
             break
         out, f = adapter.extend(nxt[:, None], hidden_layers=layers)  # [R, 1, V], [R, 1, F]
         adapter.commit(torch.ones_like(nxt))
         logits = out[:, 0].float()
-        steps.append((*here, f[:, 0].to(torch.float16).cpu()))
-    # stitch per row: step k's lse belongs to the row's last token, its feats to the fed token
-    lse_rows = torch.cat([s[0] for s in steps])
-    lse_all = torch.cat([s[2] for s in steps])
-    fed = [(s[0], s[1]) for s in steps if s[1] is not None]
-    fed_rows = torch.cat([r[torch.isin(t, eos_t.cpu(), invert=True)] for r, t in fed])
-    fed_tok = torch.cat([t[torch.isin(t, eos_t.cpu(), invert=True)] for _, t in fed])
-    fed_f = torch.cat([s[3] for s in steps if s[3] is not None])
+        fed.append((rows.cpu(), nxt.cpu(), f[:, 0].to(torch.float16).cpu()))
+    # stitch per row: a step's lse belongs to the row's last token, its feats to the fed token
+    lse_rows, lse_all = (torch.cat(parts) for parts in zip(*labels, strict=True))
+    if fed:
+        fed_rows, fed_tok, fed_f = (torch.cat(parts) for parts in zip(*fed, strict=True))
+    else:
+        fed_rows = fed_tok = torch.zeros(0, dtype=torch.long)
+        fed_f = torch.zeros(0, feats0.shape[-1], dtype=torch.float16)
     seqs = []
     for i in range(b):
         sel = fed_rows == i
