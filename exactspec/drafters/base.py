@@ -100,8 +100,11 @@ def prefix_history(hist: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
 
 
 def empty_proposal(
-    batch: int, num_tokens: int, vocab: int, device: torch.device
+    num_tokens: torch.Tensor, vocab: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, K] all -1, [B, K, V] zeros
-    """The (drafts, q) pair a drafter fills in: no token drafted yet, q = 0 everywhere."""
-    drafts = torch.full((batch, num_tokens), -1, dtype=torch.long, device=device)
-    return drafts, torch.zeros(batch, num_tokens, vocab, dtype=torch.float32, device=device)
+    """The (drafts, q) pair a drafter fills in for `num_tokens` ([B], K = its max): no token
+    drafted yet, q = 0 everywhere."""
+    b = num_tokens.shape[0]
+    k = int(num_tokens.max()) if b else 0
+    drafts = torch.full((b, k), -1, dtype=torch.long, device=device)
+    return drafts, torch.zeros(b, k, vocab, dtype=torch.float32, device=device)

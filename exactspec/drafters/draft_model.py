@@ -75,9 +75,8 @@ class DraftModel:
         tokens = context.tokens.to(dev)  # [B, T]
         lengths = context.lengths.to(dev)  # [B]
         b = tokens.shape[0]
-        k = int(num_tokens.max()) if b else 0
-        vocab = self.model.vocab_size
-        drafts, q = empty_proposal(b, k, vocab, dev)  # [B, K] -1, [B, K, V] zeros
+        drafts, q = empty_proposal(num_tokens, self.model.vocab_size, dev)  # [B, K] -1, [B, K, V] 0
+        k = drafts.shape[1]
         if k == 0:
             return drafts, q
         # roll back: keep the cached prefix that agrees with the context (never the last token)

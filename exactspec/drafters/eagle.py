@@ -127,9 +127,8 @@ class EagleDrafter:
         dev = self._committed.device
         tokens, lengths = context.tokens.to(dev), context.lengths.to(dev)  # [B, T], [B]
         b = tokens.shape[0]
-        k = int(num_tokens.max()) if b else 0
-        vocab = head.config.vocab_size
-        drafts, q = empty_proposal(b, k, vocab, dev)  # [B, K] -1, [B, K, V] zeros
+        drafts, q = empty_proposal(num_tokens, head.config.vocab_size, dev)  # [B, K] -1, [B, K, V] 0
+        k = drafts.shape[1]
         if k == 0:
             return drafts, q
         real = self._catch_up(hidden.to(dev), tokens, lengths)  # [B] real positions cached
