@@ -83,21 +83,16 @@ def default_engines(k: int = 4, eagle: bool = False, block: bool = True) -> list
     e = [
         EngineSpec("exactspec plain", "exactspec", "none", counterpart="transformers plain"),
         EngineSpec("transformers plain", "transformers", "none"),
-        EngineSpec(f"exactspec lookup K={k}", "exactspec", "lookup", k,
-                   counterpart=f"transformers lookup K={k}"),
-        EngineSpec(f"exactspec lookup K={k} block", "exactspec", "lookup", k, "block",
-                   counterpart=f"transformers lookup K={k}", sampling_only=True),
-        EngineSpec("exactspec lookup auto", "exactspec", "lookup", "auto",
-                   counterpart=f"transformers lookup K={k}"),
-        EngineSpec(f"transformers lookup K={k}", "transformers", "lookup", k),
-        EngineSpec(f"exactspec draft K={k}", "exactspec", "draft", k,
-                   counterpart=f"transformers assisted K={k}"),
-        EngineSpec(f"exactspec draft K={k} block", "exactspec", "draft", k, "block",
-                   counterpart=f"transformers assisted K={k}", sampling_only=True),
-        EngineSpec("exactspec draft auto", "exactspec", "draft", "auto",
-                   counterpart=f"transformers assisted K={k}"),
-        EngineSpec(f"transformers assisted K={k}", "transformers", "draft", k),
     ]
+    for drafter, hf in (("lookup", f"transformers lookup K={k}"),
+                        ("draft", f"transformers assisted K={k}")):
+        e += [
+            EngineSpec(f"exactspec {drafter} K={k}", "exactspec", drafter, k, counterpart=hf),
+            EngineSpec(f"exactspec {drafter} K={k} block", "exactspec", drafter, k, "block",
+                       counterpart=hf, sampling_only=True),
+            EngineSpec(f"exactspec {drafter} auto", "exactspec", drafter, "auto", counterpart=hf),
+            EngineSpec(hf, "transformers", drafter, k),
+        ]
     if eagle:
         e.append(EngineSpec(f"exactspec eagle K={k}", "exactspec", "eagle", k))
         e.append(EngineSpec("exactspec eagle auto", "exactspec", "eagle", "auto"))
