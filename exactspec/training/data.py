@@ -60,6 +60,7 @@ def generate_batch(
     whose next token is part of the reply; earlier prompt positions get lse = NaN.
     """
     from exactspec.models.adapter import TargetAdapter, unwrap_model
+    from exactspec.sampling.streams import sample
 
     tm = unwrap_model(model)
     dev = next(tm.parameters()).device
@@ -91,8 +92,8 @@ def generate_batch(
             mass += p.sum(0).double().cpu()
         if step == max_new_tokens:
             break
-        drawn = torch.multinomial(p.cpu(), 1, generator=generator)[:, 0]
-        nxt = torch.where(is_greedy[rows], logits.argmax(-1), drawn.to(dev))  # [R]
+        drawn = sample(p, generator)  # inverse CDF: torch.multinomial took 18% of the time here
+        nxt = torch.where(is_greedy[rows], logits.argmax(-1), drawn)  # [R]
         go = ~torch.isin(nxt, eos_t)  # an EOS ends the row and is not fed (nor recorded)
         if not bool(go.all()):
             keep = go.nonzero()[:, 0]
