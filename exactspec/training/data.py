@@ -179,6 +179,12 @@ def build_corpus(
     return seqs
 
 
+def load_parts(out_dir: Path) -> list[Sequence]:
+    """Every sequence `build_corpus` wrote to `out_dir`, in part order."""
+    return [s for path in sorted(Path(out_dir).glob("part-*.pt"))
+            for s in torch.load(path, weights_only=False)]
+
+
 def draft_vocab(out_dir: Path, size: int, must: list[int]) -> torch.Tensor:  # [size] long
     """The `size` tokens carrying most of the target's mass over the training data (+ `must`)."""
     mass = torch.load(out_dir / "mass.pt")

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from exactspec.drafters.eagle import save_head
 from exactspec.drafters.eagle_head import EagleConfig, EagleHead, num_trainable
-from exactspec.training.data import batches, build_corpus, draft_vocab, read_prompts
+from exactspec.training.data import Sequence, batches, build_corpus, draft_vocab, read_prompts
 
 log = logging.getLogger(__name__)
 
@@ -179,12 +179,34 @@ def train_draft(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False,
 
     vocab_ids = draft_vocab(out / "data" / "train", cfg.draft_vocab_size, target.eos_token_ids)
     head = init_head(cfg, tm, vocab_ids)
+    state = fit(head, tm, seqs, cfg, ckpt_path, resume=resume)
+    head.eval()
+    head.config.meta = {"target": cfg.model, "steps": state["step"],
+                        "train_seconds": round(state["elapsed"], 1),
+                        "train_tokens": n_tok, **cfg.extra}
+    head_dir = out / HEAD_DIR
+    save_head(head, head_dir)
+    png = plot_losses(state["history"], out / "loss.png")
+    result = evaluate_head(head, held, depth=cfg.eval_depth)
+    result.update(steps=state["step"], train_seconds=round(state["elapsed"], 1),
+                  data_seconds=round(data_seconds, 1), train_tokens=n_tok,
+                  train_sequences=len(seqs), heldout_sequences=len(held),
+                  trainable_params=num_trainable(head))
+    (out / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    return TrainResult(head_dir, state["step"], state["elapsed"], data_seconds, result, png)
+
+
+def fit(head: EagleHead, target, seqs: list[Sequence], cfg: TrainConfig, ckpt_path: Path, *,
+        resume: bool = False, desc: str = "train-draft") -> dict:
+    """Train `head` (attached to `target`, a transformers model) on `seqs` until cfg.minutes of
+    loop time or cfg.max_steps, checkpointing to `ckpt_path` (resumed from it when `resume`).
+    Returns the state: step, elapsed (seconds in the loop), history (per-step loss and alpha)."""
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = {"step": 0, "elapsed": 0.0, "history": [], "epoch": 0}
     if resume and ckpt_path.exists():
         ck = torch.load(ckpt_path, weights_only=False)
         head.load_state_dict(ck["head"])
-        head.attach(tm)
+        head.attach(target)
         opt.load_state_dict(ck["opt"])
         state = ck["state"]
         log.info("resumed at step %d (%.0f s trained)", state["step"], state["elapsed"])
@@ -196,8 +218,11 @@ def train_draft(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False,
 
     budget = cfg.minutes * 60.0
     head.train()
-    bar = tqdm(total=int(budget), initial=int(min(state["elapsed"], budget)), unit="s",
-               desc="train-draft", bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s {postfix}")
+    bar = tqdm(total=int(budget) if budget else cfg.max_steps,
+               initial=int(min(state["elapsed"], budget)) if budget else state["step"],
+               unit="s" if budget else "step", desc=desc,
+               bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}" + ("s" if budget else "")
+               + " {postfix}")
     last_ck = time.time()
     done = False
     while not done:
@@ -226,7 +251,7 @@ def train_draft(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False,
             state["batch_in_epoch"] = i + 1
             state["history"].append({"step": state["step"], "t": state["elapsed"],
                                      "loss": float(loss.detach()), "depth": stats})
-            bar.update(min(dt, max(budget - bar.n, 0)))
+            bar.update(min(dt, max(budget - bar.n, 0)) if budget else 1)
             bar.set_postfix_str(f"step {state['step']} loss {float(loss.detach()):.3f} "
                                 f"a1 {stats[0][1]:.2f}")
             if time.time() - last_ck > cfg.checkpoint_seconds:
@@ -237,20 +262,8 @@ def train_draft(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False,
             state["batch_in_epoch"] = 0
     bar.close()
     save_checkpoint()
-    head.eval()
-    head.config.meta = {"target": cfg.model, "steps": state["step"],
-                        "train_seconds": round(state["elapsed"], 1),
-                        "train_tokens": n_tok, **cfg.extra}
-    head_dir = out / HEAD_DIR
-    save_head(head, head_dir)
-    png = plot_losses(state["history"], out / "loss.png")
-    result = evaluate_head(head, held, depth=cfg.eval_depth)
-    result.update(steps=state["step"], train_seconds=round(state["elapsed"], 1),
-                  data_seconds=round(data_seconds, 1), train_tokens=n_tok,
-                  train_sequences=len(seqs), heldout_sequences=len(held),
-                  trainable_params=num_trainable(head))
-    (out / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-    return TrainResult(head_dir, state["step"], state["elapsed"], data_seconds, result, png)
+    return state
 
 
-__all__ = ["CHECKPOINT", "HEAD_DIR", "TrainConfig", "TrainResult", "batches", "train_draft"]
+__all__ = ["CHECKPOINT", "HEAD_DIR", "TrainConfig", "TrainResult", "batches", "fit",
+           "train_draft"]
