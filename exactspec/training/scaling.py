@@ -18,6 +18,7 @@ generation time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
@@ -59,9 +60,9 @@ def log_fit(tokens: list[int], alpha: list[float]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
-def scaling(model, data_dir: Path, fractions: list[float], steps: int, *,
+def scaling(model, data_dir: Path, fractions: list[float], steps: int | list[int], *,
             cfg: TrainConfig | None = None, seed: int = 0) -> list[dict]:
-    """One row per fraction: data used, train-batch alpha at the end, held-out evaluation."""
+    """One row per (fraction, steps): data used, train-batch alpha at the end, held-out eval."""
     base = cfg or TrainConfig()
     tm = model.model
     for p in tm.parameters():
@@ -71,10 +72,10 @@ def scaling(model, data_dir: Path, fractions: list[float], steps: int, *,
     held = load_parts(data_dir / "heldout")
     vocab_ids = draft_vocab(data_dir / "train", base.draft_vocab_size, model.eos_token_ids)
     rows = []
-    for frac in fractions:
+    for frac, n_steps in itertools.product(fractions, [steps] if isinstance(steps, int) else steps):
         n = max(1, round(frac * len(groups)))
         sub = [s for g in groups[:n] for s in g]
-        run = TrainConfig(**{**base.__dict__, "minutes": 0.0, "max_steps": steps})
+        run = TrainConfig(**{**base.__dict__, "minutes": 0.0, "max_steps": n_steps})
         head = init_head(run, tm, vocab_ids)
         start = time.time()
         with tempfile.TemporaryDirectory() as tmp:
@@ -88,11 +89,12 @@ def scaling(model, data_dir: Path, fractions: list[float], steps: int, *,
     return rows
 
 
-def summary(rows: list[dict], k: int = 4) -> dict:
-    """Slope of depth-1 alpha per doubling of data and the data a target would need."""
+def summary(rows: list[dict], k: int = 4, along: str = "tokens") -> dict:
+    """Slope of depth-1 alpha per doubling of `along` ("tokens" of data or optimizer "steps")
+    and how much of it a target would need, the rest held as in `rows`."""
     out = {}
     for mode, length in (("t1", 2.5), ("greedy", 3.0)):
-        tokens = [r["tokens"] for r in rows]
+        tokens = [r[along] for r in rows]
         alpha = [r[mode]["alpha_by_depth"][0] for r in rows]
         c, slope = log_fit(tokens, alpha)
         need = chain_alpha(length, k)
@@ -102,19 +104,20 @@ def summary(rows: list[dict], k: int = 4) -> dict:
                      "alpha1_slope_per_doubling": round(slope, 4),
                      "doublings_needed": round(doublings, 1),
                      # None: beyond 2^60 times the data, i.e. no data volume will do
-                     "tokens_needed": (round(max(tokens) * 2**doublings) if doublings < 60
-                                       else None)}
+                     f"{along}_needed": (round(max(tokens) * 2**doublings) if doublings < 60
+                                         else None)}
     return out
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| training prompts | tokens | alpha1 on training batches | held-out alpha by depth, T=1 "
+    lines = ["| training prompts | tokens | steps | alpha1 on training batches | held-out alpha by depth, T=1 "
              "| held-out alpha by depth, greedy | acceptance length T=1 / greedy (teacher-forced) |",
-             "|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         a1 = ", ".join(f"{a:.2f}" for a in r["t1"]["alpha_by_depth"])
         ag = ", ".join(f"{a:.2f}" for a in r["greedy"]["alpha_by_depth"])
-        lines.append(f"| {r['prompts']} | {r['tokens']:,} | {r['train_alpha1_last50']:.2f} | {a1} "
+        lines.append(f"| {r['prompts']} | {r['tokens']:,} | {r['steps']} "
+                     f"| {r['train_alpha1_last50']:.2f} | {a1} "
                      f"| {ag} | {r['t1']['mean_acceptance_length']:.2f} / "
                      f"{r['greedy']['mean_acceptance_length']:.2f} |")
     return "\n".join(lines)
@@ -126,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", help="a train-draft output directory (its data/ is reused)")
     ap.add_argument("--model", default="smollm2-135m", help="the target the data came from")
-    ap.add_argument("--steps", type=int, default=300, help="optimizer steps per fraction")
+    ap.add_argument("--steps", default="300",
+                    help="optimizer steps per run; comma-separated for several (default 300)")
     ap.add_argument("--fractions", default="0.0625,0.25,1",
                     help="comma-separated fractions of the training prompts")
     ap.add_argument("--threads", type=int, default=None)
@@ -137,12 +141,17 @@ def main(argv: list[str] | None = None) -> None:
     fractions = [float(f) for f in a.fractions.split(",")]
     if not fractions or any(not 0 < f <= 1 for f in fractions):
         ap.error("--fractions must be numbers in (0, 1]")
-    rows = scaling(load(a.model), Path(a.run) / "data", fractions, a.steps)
-    fit_ = summary(rows) if len(rows) > 1 else {}
+    steps = [int(s) for s in a.steps.split(",")]
+    if any(s < 1 for s in steps):
+        ap.error("--steps must be positive")
+    rows = scaling(load(a.model), Path(a.run) / "data", fractions, steps)
+    # fit along whichever of data and steps varies (no fit for a grid or a single run)
+    varies = [name for name, v in (("tokens", fractions), ("steps", steps)) if len(v) > 1]
+    fit_ = summary(rows, along=varies[0]) if len(varies) == 1 else {}
     print(table(rows))
     print(json.dumps(fit_, indent=2))
     if a.out:
-        meta = {"run": str(a.run), "steps": a.steps, "threads": torch.get_num_threads(),
+        meta = {"run": str(a.run), "steps": steps, "threads": torch.get_num_threads(),
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         Path(a.out).write_text(json.dumps({**meta, "rows": rows, "fit": fit_}, indent=2) + "\n")
 

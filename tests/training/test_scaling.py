@@ -26,6 +26,9 @@ def test_scaling_trains_each_fraction_for_the_same_steps(tmp_path):
         assert len(r["t1"]["alpha_by_depth"]) == cfg.eval_depth
     assert table(rows).count("\n") == 3
     assert set(summary(rows, k=cfg.eval_depth)) == {"t1", "greedy"}
+    grid = scaling(model, tmp_path / "data", [1.0], [1, 2], cfg=cfg)
+    assert [r["steps"] for r in grid] == [1, 2]
+    assert "steps_needed" in summary(grid, k=cfg.eval_depth, along="steps")["t1"]
 
 
 def test_chain_alpha_and_log_fit():
