@@ -231,6 +231,10 @@ def _add_train_draft(sub) -> None:
     p.add_argument("--minutes", type=float, default=30.0,
                    help="training-loop budget in minutes, data building excluded (default 30)")
     p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
+    p.add_argument("--replies", type=int, default=2,
+                   help="target replies per training prompt: 1 alternates greedy and T=1 "
+                   "between prompts (half the data time), 2+ adds a greedy reply to T=1 ones "
+                   "(default 2)")
     p.add_argument("--max-steps", type=int, default=0, help="also stop after N steps (0 = off)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     p.set_defaults(run=_cmd_train_draft)
@@ -243,8 +247,11 @@ def _cmd_train_draft(args) -> int:
 
     if args.minutes < 0 or (args.minutes == 0 and args.max_steps <= 0):
         raise UsageError("give --minutes > 0 or --max-steps > 0")
+    if args.replies < 1:
+        raise UsageError("--replies must be at least 1")
     torch.set_num_threads(max(1, args.threads))
-    cfg = TrainConfig(model=args.model, minutes=args.minutes, max_steps=args.max_steps)
+    cfg = TrainConfig(model=args.model, minutes=args.minutes, max_steps=args.max_steps,
+                      replies=args.replies)
     res = train_draft(cfg, args.out, resume=args.resume)
     print(f"head: {res.head_dir} ({res.steps} steps, {res.train_seconds / 60:.1f} min training, "
           f"{res.data_seconds / 60:.1f} min data)")

@@ -54,3 +54,12 @@ def test_train_draft_runs_resumes_and_loads(tmp_path):
     assert drafter.hidden_layers == (1, -1)
     assert drafter.head.config.meta["steps"] == 5
     assert drafter.head.vocab_ids.numel() == 24
+
+
+@pytest.mark.parametrize("args", [["--replies", "0"], ["--minutes", "0"], ["--minutes", "-1"]])
+def test_cli_rejects_bad_budgets_before_loading_anything(tmp_path, capsys, args):
+    from exactspec import cli
+
+    assert cli.main(["train-draft", "--out", str(tmp_path / "out"), *args]) == 2
+    assert "train-draft" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
