@@ -1,18 +1,20 @@
-"""Held-out alpha of a draft head against the amount of training data, at equal compute.
+"""Held-out alpha of a draft head against the amount of training data and of training steps.
 
     python -m exactspec.training.scaling OUT --steps 300 --fractions 0.0625,0.25,1 \\
         --out docs/head_scaling.json
+    python -m exactspec.training.scaling OUT --steps 300,600 --fractions 1
 
 OUT is a `train-draft` output directory: its `data/train` and `data/heldout` are reused, nothing
 is generated. For every fraction f a head is trained from the same initialisation, with the
 shipped recipe (TrainConfig defaults), on the replies to a random f of the training prompts
 (both replies of a prompt go together) for exactly `--steps` optimizer steps, so every fraction
 gets the same compute, and evaluated teacher-forced on the held-out replies (`evaluate_head`).
+Several `--steps` train every fraction for each of them.
 
-The fit is least squares of depth-1 alpha on log2(training tokens); its extrapolation to the
-alpha an acceptance-length target needs is rough (curves bend), but it says how many doublings of
-data stand between a head and the target, and a doubling of data costs a doubling of the target's
-generation time.
+The fit is least squares of depth-1 alpha on log2 of whichever varies (training tokens or
+steps); its extrapolation to the alpha an acceptance-length target needs is rough (curves
+bend), but it says how many doublings of data or of training stand between a head and the
+target.
 """
 
 from __future__ import annotations
@@ -51,9 +53,9 @@ def chain_alpha(length: float, k: int) -> float:
     return (lo + hi) / 2
 
 
-def log_fit(tokens: list[int], alpha: list[float]) -> tuple[float, float]:
-    """Least squares alpha = c + slope * log2(tokens): (c, slope per doubling)."""
-    x = [math.log2(t) for t in tokens]
+def log_fit(xs: list[int], alpha: list[float]) -> tuple[float, float]:
+    """Least squares alpha = c + slope * log2(x): (c, slope per doubling of x)."""
+    x = [math.log2(t) for t in xs]
     mx, my = sum(x) / len(x), sum(alpha) / len(alpha)
     sxx = sum((v - mx) ** 2 for v in x)
     slope = sum((v - mx) * (w - my) for v, w in zip(x, alpha, strict=True)) / sxx if sxx else 0.0
@@ -65,8 +67,6 @@ def scaling(model, data_dir: Path, fractions: list[float], steps: int | list[int
     """One row per (fraction, steps): data used, train-batch alpha at the end, held-out eval."""
     base = cfg or TrainConfig()
     tm = model.model
-    for p in tm.parameters():
-        p.requires_grad_(False)
     groups = by_prompt(load_parts(data_dir / "train"))
     random.Random(seed).shuffle(groups)
     held = load_parts(data_dir / "heldout")
@@ -93,18 +93,18 @@ def summary(rows: list[dict], k: int = 4, along: str = "tokens") -> dict:
     """Slope of depth-1 alpha per doubling of `along` ("tokens" of data or optimizer "steps")
     and how much of it a target would need, the rest held as in `rows`."""
     out = {}
+    xs = [r[along] for r in rows]
     for mode, length in (("t1", 2.5), ("greedy", 3.0)):
-        tokens = [r[along] for r in rows]
         alpha = [r[mode]["alpha_by_depth"][0] for r in rows]
-        c, slope = log_fit(tokens, alpha)
+        c, slope = log_fit(xs, alpha)
         need = chain_alpha(length, k)
-        at_most = c + slope * math.log2(max(tokens))  # the fitted line at the most data
+        at_most = c + slope * math.log2(max(xs))  # the fitted line at the largest x
         doublings = (need - at_most) / slope if slope > 0 else math.inf
         out[mode] = {"target_acceptance_length": length, "alpha_needed": round(need, 3),
                      "alpha1_slope_per_doubling": round(slope, 4),
                      "doublings_needed": round(doublings, 1),
-                     # None: beyond 2^60 times the data, i.e. no data volume will do
-                     f"{along}_needed": (round(max(tokens) * 2**doublings) if doublings < 60
+                     # None: beyond 2^60 times the largest x, i.e. out of any reach
+                     f"{along}_needed": (round(max(xs) * 2**doublings) if doublings < 60
                                          else None)}
     return out
 

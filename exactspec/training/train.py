@@ -159,8 +159,6 @@ def train_draft(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False,
     (out / "train-config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
     target = model if model is not None else load(cfg.model)
     tm = target.model
-    for p in tm.parameters():
-        p.requires_grad_(False)
 
     t0 = time.time()
     prompts = cfg.prompts if cfg.prompts is not None else read_prompts()
@@ -201,6 +199,8 @@ def fit(head: EagleHead, target, seqs: list[Sequence], cfg: TrainConfig, ckpt_pa
     """Train `head` (attached to `target`, a transformers model) on `seqs` until cfg.minutes of
     loop time or cfg.max_steps, checkpointing to `ckpt_path` (resumed from it when `resume`).
     Returns the state: step, elapsed (seconds in the loop), history (per-step loss and alpha)."""
+    for p in target.parameters():  # the shared embedding, norm and LM head stay frozen
+        p.requires_grad_(False)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = {"step": 0, "elapsed": 0.0, "history": [], "epoch": 0}
     if resume and ckpt_path.exists():
@@ -218,11 +218,11 @@ def fit(head: EagleHead, target, seqs: list[Sequence], cfg: TrainConfig, ckpt_pa
 
     budget = cfg.minutes * 60.0
     head.train()
+    # progress in seconds of the time budget, or in steps when only max_steps bounds the loop
     bar = tqdm(total=int(budget) if budget else cfg.max_steps,
                initial=int(min(state["elapsed"], budget)) if budget else state["step"],
-               unit="s" if budget else "step", desc=desc,
-               bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}" + ("s" if budget else "")
-               + " {postfix}")
+               unit="s" if budget else " steps", desc=desc,
+               bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}{unit} {postfix}")
     last_ck = time.time()
     done = False
     while not done:
