@@ -1,0 +1,67 @@
+"""SlotCache: a preallocated KV cache of per-row slots written by position (gpt-fast style).
+
+One buffer per layer, `[B, heads, slots, head_dim]`, where slot == position. Rollback is free:
+rows only move their committed length, and stale slots past it are masked out and overwritten
+by the next write. Ragged rows need no masked holes.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache
+
+
+class SlotCache(Cache):
+    """KV cache of per-row slots written by position; `update` returns the first `view_len` slots.
+
+    The adapter sets `write_index` ([B, T] slots to write) and `view_len` before each forward.
+    """
+
+    def __init__(self, batch_size: int, capacity: int) -> None:
+        super().__init__(layers=[])
+        self.rows = batch_size  # rows in the buffers
+        self.capacity = capacity  # slots allocated per row (grows on demand)
+        self.keys: list[torch.Tensor] = []  # per layer, [B, H, capacity, D]
+        self.values: list[torch.Tensor] = []  # per layer, [B, H, capacity, D]
+        self.write_index: torch.Tensor | None = None  # [B, T] slots the next forward writes
+        self.write_start: int | None = None  # set when every row writes at the same slot
+        self.view_len = 0  # slots returned to attention by the next forward
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        # key_states, value_states: [B, H, T, D]
+        while len(self.keys) <= layer_idx:
+            self.keys.append(None)
+            self.values.append(None)
+        if self.keys[layer_idx] is None or self.keys[layer_idx].shape[2] < self.view_len:
+            self._grow(layer_idx, key_states, value_states)
+        k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        t = key_states.shape[2]
+        if self.write_start is not None:
+            k_buf[:, :, self.write_start : self.write_start + t] = key_states
+            v_buf[:, :, self.write_start : self.write_start + t] = value_states
+        else:
+            b, h, _, d = key_states.shape
+            idx = self.write_index[:, None, :, None].expand(b, h, t, d)  # [B, H, T, D]
+            k_buf.scatter_(2, idx, key_states)
+            v_buf.scatter_(2, idx, value_states)
+        return k_buf[:, :, : self.view_len], v_buf[:, :, : self.view_len]
+
+    def _grow(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.capacity = max(self.capacity, self.view_len)
+        old_k, old_v = self.keys[layer_idx], self.values[layer_idx]
+        b, h, _, d = key_states.shape
+        new_k = key_states.new_zeros(b, h, self.capacity, d)
+        new_v = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1])
+        if old_k is not None:
+            new_k[:, :, : old_k.shape[2]] = old_k
+            new_v[:, :, : old_v.shape[2]] = old_v
+        self.keys[layer_idx], self.values[layer_idx] = new_k, new_v
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` ([R] long) of every buffer, in that order (repeats allowed)."""
+        self.keys = [k.index_select(0, rows) if k is not None else None for k in self.keys]
+        self.values = [v.index_select(0, rows) if v is not None else None for v in self.values]
+        self.rows = int(rows.numel())
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.view_len
