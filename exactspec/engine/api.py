@@ -11,10 +11,21 @@ import torch
 from tqdm.auto import tqdm
 
 from exactspec.drafters.base import Drafter
+from exactspec.engine.arguments import (
+    check_bool,
+    check_drafter,
+    check_int,
+    check_logit_bias,
+    check_num_draft_tokens,
+    check_stop,
+    check_verify,
+    encode_prompts,
+)
 from exactspec.engine.loop import BatchDecoder, DecodeConfig, RowOutput, VerifyFn
 from exactspec.engine.results import Generation
+from exactspec.errors import InvalidType, InvalidValue
 from exactspec.models.loading import Model, as_model
-from exactspec.sampling import METHODS, RowStreams, SamplingParams
+from exactspec.sampling import RowStreams, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +83,13 @@ def stream(
     """
     if not isinstance(prompt, str):
         if not isinstance(prompt, Sequence):
-            raise TypeError(f"prompt must be a string or a list of token ids, got "
-                            f"{type(prompt).__name__}")
+            raise InvalidType(f"prompt must be a string or a list of token ids, got "
+                              f"{type(prompt).__name__}")
         if prompt and all(isinstance(t, int) for t in prompt):
             prompt = [list(prompt)]
         elif len(prompt) != 1:
-            raise ValueError("stream() takes one prompt (a string or a list of token ids); "
-                             "use generate() for a batch")
+            raise InvalidValue("stream() takes one prompt (a string or a list of token ids); "
+                               "use generate() for a batch")
     return TextStream(_Job(target, prompt, **_job_kwargs(kwargs)))
 
 
@@ -87,7 +98,7 @@ def _job_kwargs(kwargs: dict) -> dict:
                "return_logprobs", "batch_size")
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
-        raise TypeError(f"stream() got unexpected keyword arguments {unknown}")
+        raise InvalidType(f"stream() got unexpected keyword arguments {unknown}")
     defaults = dict(drafter=None, params=None, max_new_tokens=128, num_draft_tokens=4,
                     verify="token", stop=None, return_logprobs=False,
                     batch_size=DEFAULT_BATCH_SIZE)
@@ -109,8 +120,8 @@ class TextStream:
         job = self._job
         tok = job.model.tokenizer
         if tok is None:
-            raise ValueError("stream() needs a tokenizer to produce text; use generate() with "
-                             "token ids instead")
+            raise InvalidValue("stream() needs a tokenizer to produce text; use generate() with "
+                               "token ids instead")
         hold = max(map(len, job.cfg.stop), default=1) - 1
         tokens: list[int] = []
         sent = ""
@@ -136,27 +147,23 @@ class _Job:
 
     def __init__(self, target, prompts, drafter, params, max_new_tokens, num_draft_tokens,
                  verify, stop, return_logprobs, batch_size) -> None:
-        self.model: Model = as_model(target)
+        try:
+            self.model: Model = as_model(target)
+        except TypeError as e:
+            raise InvalidType(f"target: {e}") from None
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be exactspec.SamplingParams, got {type(params).__name__}")
-        if drafter is not None and not isinstance(drafter, Drafter):
-            raise TypeError(f"drafter must be a Drafter (DraftModel, PromptLookup, ...) or None, "
-                            f"got {type(drafter).__name__}")
-        _check_int("max_new_tokens", max_new_tokens, 1)
-        _check_int("batch_size", batch_size, 1)
-        if num_draft_tokens != "auto":
-            _check_int("num_draft_tokens", num_draft_tokens, 0, hint=' or "auto"')
-        if not callable(verify) and verify not in METHODS:
-            raise ValueError(f"verify={verify!r} must be one of {list(METHODS)} or a callable")
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if any(not isinstance(s, str) or not s for s in stops):
-            raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
-        if stops and self.model.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; pass an exactspec Model")
-        if not isinstance(return_logprobs, bool):
-            raise TypeError("return_logprobs must be True or False")
-        self.prompts = _encode(self.model, prompts)  # [N] token lists
+            raise InvalidType(f"params must be exactspec.SamplingParams, got "
+                              f"{type(params).__name__}")
+        drafter = check_drafter(drafter)
+        check_int("max_new_tokens", max_new_tokens, 1)
+        check_int("batch_size", batch_size, 1)
+        num_draft_tokens = check_num_draft_tokens(num_draft_tokens)
+        verify = check_verify(verify, [params])
+        stops = check_stop(stop, self.model.tokenizer)
+        check_bool("return_logprobs", return_logprobs)
+        check_logit_bias([params], self.model.vocab_size)
+        self.prompts = encode_prompts(self.model, prompts)  # [N] token lists
         self.drafter = drafter
         self.batch_size = batch_size
         self.cfg = DecodeConfig(
@@ -208,49 +215,3 @@ class _Job:
             stats=out.stats,
             finish_reason=out.finish_reason or "length",
         )
-
-
-def _check_int(name: str, value, low: int, hint: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name}={value!r} must be an int >= {low}{hint}")
-
-
-def _encode(model: Model, prompts) -> list[list[int]]:
-    """Prompts as token-id lists, validated: non-empty, ids inside the vocabulary."""
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    if not isinstance(prompts, Sequence) or isinstance(prompts, bytes):
-        raise TypeError(f"prompts must be a string, a list of strings or a list of token-id "
-                        f"lists, got {type(prompts).__name__}")
-    if len(prompts) == 0:
-        raise ValueError("prompts is empty; pass at least one prompt")
-    vocab = model.vocab_size
-    if all(isinstance(p, str) for p in prompts):
-        if model.tokenizer is None:
-            raise ValueError("text prompts need a tokenizer; pass token ids or an exactspec Model")
-        cache: dict[str, list[int]] = {}
-        out = []
-        for i, p in enumerate(prompts):
-            if not p:
-                raise ValueError(f"prompt {i} is empty")
-            if p not in cache:
-                cache[p] = model.encode(p)
-            out.append(cache[p])
-    elif all(isinstance(p, Sequence) and not isinstance(p, str) for p in prompts):
-        out = []
-        for i, p in enumerate(prompts):
-            ids = list(p)
-            if not ids:
-                raise ValueError(f"prompt {i} is empty")
-            if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
-                raise TypeError(f"prompt {i} must hold int token ids")
-            if min(ids) < 0 or max(ids) >= vocab:
-                raise ValueError(f"prompt {i} has a token id outside [0, {vocab})")
-            out.append(ids)
-    else:
-        raise TypeError("prompts must be a string, a list of strings or a list of token-id lists "
-                        "(one list per prompt: [[1, 2, 3]], not [1, 2, 3])")
-    for i, p in enumerate(out):
-        if not p:
-            raise ValueError(f"prompt {i} encodes to no tokens")
-    return out

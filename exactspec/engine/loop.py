@@ -15,9 +15,13 @@ from dataclasses import dataclass, field
 import torch
 
 from exactspec.drafters.base import DraftContext, Drafter, TargetInfo, history, prefix_history
+from exactspec.drafters.draft_model import DraftModel
+from exactspec.drafters.eagle import EagleDrafter
+from exactspec.drafters.prompt_lookup import PromptLookup
 from exactspec.engine.policy import DraftLengthPolicy
 from exactspec.engine.results import GenerationStats
 from exactspec.engine.stopping import StopRule
+from exactspec.errors import InvalidValue
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import Model
 from exactspec.sampling import (
@@ -25,12 +29,26 @@ from exactspec.sampling import (
     RowStreams,
     SamplingParams,
     Verdict,
+    acceptance_law,
     probs_from_logits,
     sample,
     verify,
 )
 
 VerifyFn = Callable[..., Verdict]
+# drafters whose q is made by probs_from_logits inside exactspec: not re-validated per step
+TRUSTED_DRAFTERS = (DraftModel, EagleDrafter, PromptLookup)
+
+
+def check_draft_probs(drafter: Drafter, p: torch.Tensor, drafts: torch.Tensor,
+                      q: torch.Tensor) -> None:
+    """A user drafter's q ([B, K, V]) must be the distributions its drafts ([B, K]) came from:
+    finite, non-negative, summing to 1, with q(x) > 0 at each draft token."""
+    try:
+        acceptance_law(p, drafts, q, method="token", check=True)
+    except ValueError as e:
+        raise InvalidValue(f"drafter {type(drafter).__name__} returned draft_probs that cannot "
+                           f"be the q its draft tokens were drawn from: {e}") from None
 
 
 @dataclass
@@ -162,10 +180,14 @@ class BatchDecoder:
             if self.drafter is None:
                 tok = sample(p[:, 0], streams, domain=DOMAIN_SAMPLE)  # [B]
                 verdict = Verdict(tokens=tok[:, None], num_accepted=torch.zeros_like(tok))
-            elif callable(cfg.verify):
-                verdict = cfg.verify(p, drafts, q, generator=streams)
             else:
-                verdict = verify(p, drafts, q, method=cfg.verify, generator=streams, check=False)
+                if q is not None and type(self.drafter) not in TRUSTED_DRAFTERS:
+                    check_draft_probs(self.drafter, p, drafts, q)
+                if callable(cfg.verify):
+                    verdict = cfg.verify(p, drafts, q, generator=streams)
+                else:  # p made here, q made here or checked above
+                    verdict = verify(p, drafts, q, method=cfg.verify, generator=streams,
+                                     check=False)
             streams.advance()
             n = verdict.num_accepted.to(dev)  # [B]
             _sync(dev)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from exactspec.errors import InvalidValue
+
+SEED_LIMIT = 1 << 63  # seeds are ints in [0, SEED_LIMIT): they fit a signed 64-bit integer
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -22,7 +25,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # OpenAI: minus this once for every token seen in the output
     frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count in the output
     logit_bias: Mapping[int, float] | None = field(default=None)  # token id -> additive bias
-    seed: int | None = None  # per-call seed; row i gets its own stream from (seed, i)
+    seed: int | None = None  # in [0, 2**63); one shared: row i's stream from (seed, i), per row: its own
 
     def __post_init__(self) -> None:
         problems = []
@@ -41,8 +44,9 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not _finite(getattr(self, name)):
                 problems.append(f"{name}={getattr(self, name)!r} must be a finite number (0 = off)")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            problems.append(f"seed={self.seed!r} must be an int or None")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < SEED_LIMIT):
+            problems.append(f"seed={self.seed!r} must be an int in [0, 2**63) or None (a fresh seed)")
         bias = self.logit_bias
         if bias is not None:
             if not isinstance(bias, Mapping):
@@ -56,13 +60,17 @@ class SamplingParams:
                 # Freeze a private copy so the caller mutating its dict cannot change us.
                 object.__setattr__(self, "logit_bias", dict(bias) or None)
         if problems:
-            raise ValueError("invalid SamplingParams: " + "; ".join(problems))
+            raise InvalidValue("invalid SamplingParams: " + "; ".join(problems))
 
     def __hash__(self) -> int:
         bias = tuple(sorted(self.logit_bias.items())) if self.logit_bias else None
         return hash((self.temperature, self.top_k, self.top_p, self.min_p,
                      self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
                      bias, self.seed))
+
+    def without_seed(self) -> SamplingParams:
+        """The same law with seed None: rows whose params differ only by seed share p's transform."""
+        return self if self.seed is None else replace(self, seed=None)
 
     @property
     def is_greedy(self) -> bool:
