@@ -4,6 +4,7 @@ from exactspec.drafters.base import DraftContext, Drafter, TargetInfo
 from exactspec.drafters.draft_model import DraftModel
 from exactspec.drafters.eagle import EagleDrafter, load_drafter
 from exactspec.drafters.prompt_lookup import PromptLookup
+from exactspec.drafters.suffix import SuffixDrafter
 
-__all__ = ["DraftContext", "DraftModel", "Drafter", "EagleDrafter", "PromptLookup", "TargetInfo",
-           "load_drafter"]
+__all__ = ["DraftContext", "DraftModel", "Drafter", "EagleDrafter", "PromptLookup", "SuffixDrafter",
+           "TargetInfo", "load_drafter"]

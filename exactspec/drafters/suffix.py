@@ -1,0 +1,251 @@
+"""Suffix decoding (Oliaro et al. 2024, arXiv 2411.04975): point-mass drafts from suffix tries.
+
+Two tries of bounded depth D count every substring of up to D tokens:
+- a local trie per row, over its prompt and its output so far (grown as tokens are emitted);
+- a global trie over earlier outputs (each with the last prompt tokens before it), shared by
+  every `generate` call and every server request that uses the same `SuffixDrafter`, bounded
+  in memory: whole outputs are evicted oldest first until the trie holds at most `max_nodes`.
+The longest suffix of the context (up to D - 1 tokens) that occurred before with a
+continuation is looked up in each trie; from there the most frequent child is followed while
+the product of the empirical next-token frequencies stays >= `min_prob`, and for at most
+`spec_factor * match length` tokens (a short match is weak evidence, so it drafts little).
+Of the two candidates, the one with the larger score (sum of the path's products: the expected
+number of accepted tokens if the frequencies were the target's) is proposed. q is a point mass,
+so `propose` returns None for draft_probs and the output is exact whatever is proposed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+from exactspec.drafters.base import DraftContext, TargetInfo
+from exactspec.errors import InvalidValue
+
+
+class _Node:
+    """One substring: how often it occurred and the tokens that followed it."""
+
+    __slots__ = ("children", "count")
+
+    def __init__(self) -> None:
+        self.count = 0  # occurrences of the substring this node spells
+        self.children: dict[int, _Node] = {}  # next token -> node of the longer substring
+
+
+class SuffixTrie:
+    """Counts of every substring of length <= `max_depth` of the sequences added to it."""
+
+    def __init__(self, max_depth: int) -> None:
+        self.max_depth = max_depth  # longest substring counted
+        self.root = _Node()
+        self.nodes = 0  # nodes below the root: the memory this trie holds
+
+    def _walk(self, seq: Sequence[int], delta: int) -> None:
+        d = self.max_depth
+        for i in range(len(seq)):
+            node = self.root
+            for t in seq[i:i + d]:
+                child = node.children.get(t)
+                if child is None:
+                    assert delta > 0, "removing a sequence that was never added"
+                    child = node.children[t] = _Node()
+                    self.nodes += 1
+                child.count += delta
+                if child.count == 0:  # nothing below a dead node is alive either
+                    del node.children[t]
+                    self.nodes -= 1 + _size(child)
+                    break
+                node = child
+
+    def add(self, seq: Sequence[int]) -> None:
+        """Count every substring of `seq` of up to max_depth tokens."""
+        self._walk(seq, +1)
+
+    def remove(self, seq: Sequence[int]) -> None:
+        """Undo `add(seq)`; nodes left with a zero count are freed."""
+        self._walk(seq, -1)
+
+    def grow(self, active: list[_Node], token: int) -> list[_Node]:
+        """Append one token to a sequence being added incrementally.
+
+        `active` holds the nodes of the sequence's current suffixes of length 1..D-1 (shortest
+        first); returns the new list. Equivalent to `add` of the whole sequence at the end.
+        """
+        new = []
+        for node in (self.root, *active):
+            child = node.children.get(token)
+            if child is None:
+                child = node.children[token] = _Node()
+                self.nodes += 1
+            child.count += 1
+            new.append(child)
+        return new[: self.max_depth - 1]
+
+    def match(self, seq: Sequence[int]) -> tuple[_Node | None, int]:
+        """The node of the longest suffix of `seq` (at most D - 1 tokens) with a continuation.
+
+        Both "occurs" and "occurs followed by a token" only get rarer as the suffix grows, so
+        the search stops at the first length that fails.
+        """
+        best, length = None, 0
+        for m in range(1, min(len(seq), self.max_depth - 1) + 1):
+            node = self.root
+            for t in seq[len(seq) - m:]:
+                node = node.children.get(t)
+                if node is None:
+                    break
+            if node is None or not node.children:
+                break
+            best, length = node, m
+        return best, length
+
+    def continuation(self, seq: list[int], limit: int, min_prob: float,
+                     spec_factor: float) -> tuple[list[int], float]:
+        """The most frequent continuation of `seq`'s longest matching suffix, and its score."""
+        node, m = self.match(seq)
+        if node is None:
+            return [], 0.0
+        limit = min(limit, max(1, int(spec_factor * m)))
+        out: list[int] = []
+        prob, score, depth = 1.0, 0.0, m
+        while len(out) < limit:
+            if not node.children or depth >= self.max_depth:  # the trie ends: look up again
+                node, depth = self.match((seq + out)[-(self.max_depth - 1):])
+                if node is None:
+                    break
+            total = sum(c.count for c in node.children.values())
+            token, child = max(node.children.items(), key=lambda kv: (kv[1].count, -kv[0]))
+            prob *= child.count / total
+            if prob < min_prob:
+                break
+            out.append(token)
+            score += prob
+            node, depth = child, depth + 1
+        return out, score
+
+
+def _size(node: _Node) -> int:
+    """Nodes strictly below `node`."""
+    stack, n = list(node.children.values()), 0
+    while stack:
+        cur = stack.pop()
+        n += 1
+        stack.extend(cur.children.values())
+    return n
+
+
+class _Row:
+    """One row's local trie and what of its context it has seen."""
+
+    __slots__ = ("active", "prompt_length", "tokens", "trie")
+
+    def __init__(self, max_depth: int, prompt_length: int) -> None:
+        self.trie = SuffixTrie(max_depth)  # substrings of the row's prompt and output so far
+        self.active: list[_Node] = []  # nodes of the row's current suffixes, shortest first
+        self.tokens: list[int] = []  # the row's context as far as it was added to the trie
+        self.prompt_length = prompt_length  # leading tokens of `tokens` that are prompt
+
+    def extend(self, new: list[int]) -> None:
+        for t in new:
+            self.active = self.trie.grow(self.active, t)
+        self.tokens += new
+
+
+class SuffixDrafter:
+    """Point-mass drafts from suffix tries over the row's context and earlier outputs.
+
+    max_depth: longest substring counted (memory per token grows with it). max_nodes: bound of
+    the global trie of earlier outputs (oldest outputs evicted first; 0 turns it off).
+    min_prob: stop drafting when the continuation's estimated probability falls below this.
+    spec_factor: draft at most spec_factor * (length of the matched suffix) tokens.
+    One instance can serve many calls (its global trie is shared and thread-safe).
+    """
+
+    hidden_layers = None  # reads no target features
+
+    def __init__(self, max_depth: int = 24, max_nodes: int = 1 << 19, min_prob: float = 0.1,
+                 spec_factor: float = 1.0) -> None:
+        if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 2:
+            raise InvalidValue(f"max_depth={max_depth!r} must be an int >= 2 (e.g. 24)")
+        if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 0:
+            raise InvalidValue(f"max_nodes={max_nodes!r} must be an int >= 0 (0 = no cache of "
+                               "earlier outputs)")
+        if not isinstance(min_prob, int | float) or not 0 <= min_prob <= 1:
+            raise InvalidValue(f"min_prob={min_prob!r} must be a number in [0, 1] (e.g. 0.1)")
+        if not isinstance(spec_factor, int | float) or not spec_factor > 0:
+            raise InvalidValue(f"spec_factor={spec_factor!r} must be a number > 0 (e.g. 1.0)")
+        self.max_depth = max_depth  # longest substring counted by every trie
+        self.max_nodes = max_nodes  # memory bound of the global trie, in nodes
+        self.min_prob = float(min_prob)  # continuation probability below which drafting stops
+        self.spec_factor = float(spec_factor)  # draft length per matched token
+        self.cache = SuffixTrie(max_depth)  # earlier outputs, shared across calls
+        self._cached: OrderedDict[int, list[int]] = OrderedDict()  # oldest first
+        self._next_id = 0
+        self._lock = threading.Lock()
+        self._rows: list[_Row] = []
+
+    def __repr__(self) -> str:
+        return (f"SuffixDrafter(max_depth={self.max_depth}, max_nodes={self.max_nodes}, "
+                f"min_prob={self.min_prob}, spec_factor={self.spec_factor})")
+
+    def remember(self, tokens: Sequence[int]) -> None:
+        """Add one earlier output (with the prompt tokens just before it) to the global trie."""
+        seq = list(tokens)
+        if self.max_nodes == 0 or not seq:
+            return
+        # a sequence adds at most len * max_depth nodes: keep only a tail that fits
+        seq = seq[-max(1, self.max_nodes // self.max_depth):]
+        with self._lock:
+            self.cache.add(seq)
+            self._cached[self._next_id] = seq
+            self._next_id += 1
+            while self.cache.nodes > self.max_nodes:
+                _, old = self._cached.popitem(last=False)
+                self.cache.remove(old)
+
+    def _finish(self, row: _Row) -> None:
+        start = max(0, row.prompt_length - (self.max_depth - 1))
+        if len(row.tokens) > row.prompt_length:
+            self.remember(row.tokens[start:])
+
+    def begin(self, context: DraftContext, target: TargetInfo) -> None:
+        for row in self._rows:  # the previous batch's last rows end when the next one begins
+            self._finish(row)
+        self._rows = [_Row(self.max_depth, int(n)) for n in context.prompt_lengths.tolist()]
+
+    def select(self, rows: torch.Tensor) -> None:
+        keep = rows.tolist()
+        for j in sorted(set(range(len(self._rows))) - set(keep)):
+            self._finish(self._rows[j])
+        self._rows = [self._rows[j] for j in keep]
+
+    def propose(
+        self, context: DraftContext, num_tokens: torch.Tensor  # [B]
+    ) -> tuple[torch.Tensor, None]:  # [B, K] -1 padded, None (point mass)
+        b = context.tokens.shape[0]
+        assert len(self._rows) == b, "begin() first, and select() when rows leave"
+        k = int(num_tokens.max()) if b else 0
+        drafts = torch.full((b, k), -1, dtype=torch.long)
+        lengths, want = context.lengths.tolist(), num_tokens.tolist()
+        for i, row in enumerate(self._rows):
+            n = lengths[i]
+            if n > len(row.tokens):
+                row.extend(context.tokens[i, len(row.tokens):n].tolist())
+            if want[i] <= 0:
+                continue
+            recent = row.tokens[-(self.max_depth - 1):]
+            best, best_score = row.trie.continuation(recent, want[i], self.min_prob,
+                                                     self.spec_factor)
+            if self.max_nodes:
+                with self._lock:
+                    other, score = self.cache.continuation(recent, want[i], self.min_prob,
+                                                           self.spec_factor)
+                if score > best_score:
+                    best = other
+            if best:
+                drafts[i, : len(best)] = torch.tensor(best, dtype=torch.long)
+        return drafts.to(context.tokens.device), None
