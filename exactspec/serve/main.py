@@ -1,0 +1,110 @@
+"""Running the server: drafter choice, uvicorn (SIGTERM drains), and a background server.
+
+`serve(...)` is what `exactspec serve` calls: uvicorn handles SIGTERM / SIGINT by closing the
+listening socket and waiting for the open requests (running and queued) to finish, then the
+app's lifespan stops the engine. `BackgroundServer` runs the same app in a thread of this
+process, on 127.0.0.1 and a free port, for tests and `exactspec bench-serve`.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import uvicorn
+
+import exactspec
+from exactspec.drafters.base import Drafter
+from exactspec.errors import InvalidValue
+from exactspec.models.loading import Model
+from exactspec.serve.app import ServerConfig, create_app
+
+
+@dataclass
+class DrafterChoice:
+    """Which drafter the server speculates with (at most one field set)."""
+
+    prompt_lookup: bool = False  # n-gram copies from the context
+    draft: str | None = None  # a draft model: embedded name, directory or .gguf
+    eagle: str | None = None  # an EAGLE-style head: shipped name or train-draft directory
+    quantized_draft: int | None = None  # the target itself, weight-only quantized to 8 or 4 bits
+
+
+def build_drafter(choice: DrafterChoice, target: Model) -> tuple[Drafter | None, str]:
+    """The drafter and its name for reports; raises InvalidValue for an impossible choice."""
+    given = [choice.prompt_lookup, choice.draft is not None, choice.eagle is not None,
+             choice.quantized_draft is not None]
+    if sum(given) > 1:
+        raise InvalidValue("choose at most one drafter: --prompt-lookup, --draft, --eagle or "
+                           "--quantized-draft")
+    if choice.prompt_lookup:
+        return exactspec.PromptLookup(), "prompt-lookup"
+    if choice.draft is not None:
+        return exactspec.DraftModel(exactspec.load(choice.draft)), f"draft:{choice.draft}"
+    if choice.eagle is not None:
+        return exactspec.load_drafter(choice.eagle, target=target), f"eagle:{choice.eagle}"
+    if choice.quantized_draft is not None:
+        if choice.quantized_draft not in (4, 8):
+            raise InvalidValue(f"--quantized-draft {choice.quantized_draft}: the bits must be 8 "
+                               "or 4")
+        quantized = getattr(exactspec, "QuantizedDraft", None)
+        if quantized is None:
+            raise InvalidValue("--quantized-draft needs exactspec.QuantizedDraft, which this "
+                               "version does not have yet; use --prompt-lookup or --eagle")
+        return quantized(bits=choice.quantized_draft), f"quantized-{choice.quantized_draft}bit"
+    return None, "plain"
+
+
+def serve(model: Model, drafter: Drafter | None, config: ServerConfig, *, host: str = "127.0.0.1",
+          port: int = 8000) -> None:
+    """Serve until SIGTERM / SIGINT, then drain the open requests and return."""
+    app = create_app(model, drafter, config)
+    uvicorn.run(app, host=host, port=port, log_level="info",
+                timeout_graceful_shutdown=int(config.request_timeout) + 5)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class BackgroundServer:
+    """The app served by uvicorn in a thread of this process, on 127.0.0.1 only.
+
+    `with BackgroundServer(model, drafter, config) as srv: srv.url` ... On exit the server
+    stops accepting, drains, and its thread is joined (bounded by `stop_timeout`).
+    """
+
+    def __init__(self, model: Model, drafter: Drafter | None, config: ServerConfig, *,
+                 start_timeout: float = 30.0, stop_timeout: float = 30.0) -> None:
+        self.app = create_app(model, drafter, config)
+        self.port = free_port()  # where it listens
+        self.url = f"http://127.0.0.1:{self.port}"  # base URL; the OpenAI client takes url + /v1
+        cfg = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                             timeout_graceful_shutdown=int(stop_timeout))
+        self.server = uvicorn.Server(cfg)
+        self.start_timeout = start_timeout  # seconds to wait for it to listen
+        self.stop_timeout = stop_timeout  # seconds to wait for it to drain and stop
+        self._thread = threading.Thread(target=self.server.run, name="exactspec-uvicorn",
+                                        daemon=True)
+
+    @property
+    def engine(self):
+        return self.app.state.engine
+
+    def __enter__(self) -> BackgroundServer:
+        self._thread.start()
+        end = time.monotonic() + self.start_timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > end:
+                raise RuntimeError(f"the server on port {self.port} did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self._thread.join(self.stop_timeout)
