@@ -3,6 +3,7 @@
 Imports nothing from the rest of exactspec.
 """
 
+from exactspec.sampling.lossy import LOSSY_RULES, LossyRule, is_lossless, parse_lossy
 from exactspec.sampling.params import SamplingParams
 from exactspec.sampling.standardize import probs_from_logits
 from exactspec.sampling.streams import (
@@ -19,7 +20,8 @@ from exactspec.sampling.streams import (
 from exactspec.sampling.verify import METHODS, AcceptanceLaw, Verdict, acceptance_law, verify
 
 __all__ = [
-    "DOMAIN_ACCEPT", "DOMAIN_DRAFT", "DOMAIN_RESAMPLE", "DOMAIN_SAMPLE", "METHODS",
-    "AcceptanceLaw", "Randomness", "RowStreams", "SamplingParams", "Verdict",
-    "acceptance_law", "probs_from_logits", "sample", "sample_from_weights", "uniforms", "verify",
+    "DOMAIN_ACCEPT", "DOMAIN_DRAFT", "DOMAIN_RESAMPLE", "DOMAIN_SAMPLE", "LOSSY_RULES", "METHODS",
+    "AcceptanceLaw", "LossyRule", "Randomness", "RowStreams", "SamplingParams", "Verdict",
+    "acceptance_law", "is_lossless", "parse_lossy", "probs_from_logits", "sample",
+    "sample_from_weights", "uniforms", "verify",
 ]

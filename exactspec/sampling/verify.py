@@ -114,8 +114,10 @@ def acceptance_law(
     `check=False` skips the O(B K V) validation of the probabilities (shapes and ids are always
     checked); the engine uses it for distributions it made itself with probs_from_logits.
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown verify method {method!r}; choose one of {', '.join(METHODS)}")
+    if method not in METHODS:  # an opt-in lossy rule ("lenient:L", ...) or a mistake
+        from exactspec.sampling.lossy import lossy_law, parse_lossy
+
+        return lossy_law(parse_lossy(method), target_probs, draft_tokens, draft_probs, check=check)
     p, x, q = target_probs, draft_tokens, draft_probs
     lengths = _check_inputs(p, x, q, values=check)
     bsz, k = x.shape
