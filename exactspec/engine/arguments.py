@@ -7,11 +7,14 @@ model; the checks run before any prefill.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 from exactspec.drafters.base import Drafter
 from exactspec.errors import InvalidType, InvalidValue
-from exactspec.sampling import METHODS, SamplingParams
+from exactspec.sampling import METHODS, SamplingParams, parse_lossy
+
+log = logging.getLogger(__name__)
 
 
 def check_int(name: str, value, low: int, hint: str = "") -> int:
@@ -72,9 +75,14 @@ def check_verify(verify, params: list[SamplingParams]) -> str | Callable:
     """The verify method; refuses a method that is not exact for some row's parameters."""
     if callable(verify):
         return verify
+    if isinstance(verify, str) and verify not in METHODS and parse_lossy(verify) is not None:
+        log.warning("verify=%r is a LOSSY rule: the output is not distributed as the target's "
+                    "(see `exactspec audit --lossy` for its drift)", verify)
+        return verify
     if not isinstance(verify, str) or verify not in METHODS:
-        raise InvalidValue(f"verify={verify!r} must be one of {list(METHODS)} or a callable with "
-                           "exactspec.verify's signature")
+        raise InvalidValue(f"verify={verify!r} must be one of {list(METHODS)}, a lossy rule "
+                           "('lenient:L', 'typical:EPS'), or a callable with exactspec.verify's "
+                           "signature")
     if verify == "greedy":
         hot = next((p for p in params if not p.is_greedy), None)
         if hot is not None:

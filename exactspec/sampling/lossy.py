@@ -56,7 +56,7 @@ def parse_lossy(method: str) -> LossyRule | None:
     name, sep, raw = method.partition(":")
     if not sep or name not in LOSSY_RULES:
         choices = ", ".join([*METHODS, "lenient:L", "typical:EPS"])
-        raise InvalidValue(f"unknown verify method {method!r}; choose one of {choices}")
+        raise InvalidValue(f"unknown verify method: verify={method!r}; choose one of {choices}")
     try:
         value = float(raw)
     except ValueError:
