@@ -1,0 +1,132 @@
+"""`exactspec batch IN.jsonl OUT.jsonl`: a resumable batch job, in this process or on Ray.
+
+Only parsing here; the job is `exactspec.batch.run_batch`, imported inside `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from exactspec.cli.common import UsageError, at_least
+
+
+def _draft_tokens(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or 'auto', got {text!r}") from None
+
+
+def add(sub) -> None:
+    p = sub.add_parser(
+        "batch", help="generate samples for a JSONL of prompts, resumable, locally or on Ray",
+        description="Reads IN.jsonl ({\"id\": ..., \"prompt\": \"...\"} or {\"id\": ..., "
+        "\"messages\": [...]} per line, with optional per-row temperature, top_p, ..., "
+        "max_new_tokens, n, seed) and appends one line per sample to OUT.jsonl ({\"id\", "
+        "\"index\", \"text\", \"token_ids\", \"logprobs\", \"finish_reason\", \"stats\"}) as "
+        "samples finish. Rerun the same command to resume: samples already in OUT are "
+        "skipped, a partly written last line is redone. Sample `index` of row `id` draws from "
+        "a seed derived from (--seed, id, index), so a resumed or re-sharded job writes the "
+        "same samples. Example: exactspec batch prompts.jsonl out.jsonl --n 4 "
+        "--max-new-tokens 64 --seed 0 --logprobs --prompt-lookup")
+    p.add_argument("input", metavar="IN.jsonl", help="input rows, one JSON object per line")
+    p.add_argument("output", metavar="OUT.jsonl", help="output rows (appended; resumed)")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="target: embedded name, transformers directory or .gguf file")
+    drafters = p.add_mutually_exclusive_group()
+    drafters.add_argument("--quantized-draft", metavar="BITS", nargs="?", const="8",
+                          default=None, help="draft with the target itself, weight-only "
+                          "quantized (default 8 bits)")
+    drafters.add_argument("--prompt-lookup", action="store_true",
+                          help="draft by copying n-grams from the prompt and output")
+    drafters.add_argument("--draft", metavar="MODEL", default=None,
+                          help="draft model sharing the target's vocabulary")
+    drafters.add_argument("--eagle", metavar="HEAD", nargs="?", const="smollm2-135m",
+                          default=None, help="draft with an EAGLE-style head (the shipped name "
+                          "or a train-draft directory)")
+    p.add_argument("--n", type=at_least(1), default=1, help="samples per row (default 1)")
+    p.add_argument("--max-new-tokens", type=at_least(1), default=128)
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+    p.add_argument("--min-p", type=float, default=0.0, help="0 = off")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="1.0 = off")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="0 = off")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="0 = off")
+    p.add_argument("--seed", type=int, default=None,
+                   help="job seed (default: the resumed job's, or a fresh one, recorded in "
+                   "OUT.job.json)")
+    p.add_argument("--logprobs", action="store_true",
+                   help="write log p of each token under the target's standardized distribution")
+    p.add_argument("--batch-size", type=at_least(1), default=64,
+                   help="samples per forward pass and per unit of work (default 64)")
+    p.add_argument("--num-draft-tokens", type=_draft_tokens, default=4, metavar="N|auto",
+                   help="draft tokens per step (default 4; 'auto' is lossless too, but a "
+                   "seed's text then depends on timings, so a resumed job is not reproducible)")
+    p.add_argument("--verify", choices=["token", "block", "greedy"], default="token")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="end a sample before this text (repeatable)")
+    p.add_argument("--no-chat", action="store_true",
+                   help="encode \"prompt\" rows as they are, not as a chat turn")
+    p.add_argument("--errors", metavar="FILE", default=None,
+                   help="write bad input rows (with their line numbers) to FILE and run the "
+                   "rest (default: refuse the job, listing them)")
+    p.add_argument("--ray", metavar="ADDRESS", nargs="?", const="", default=None,
+                   help="run on Ray actors: a local cluster, or the cluster at ADDRESS")
+    p.add_argument("--workers", type=at_least(1), default=2,
+                   help="Ray actors, each loading the model once (default 2)")
+    p.add_argument("--threads", type=at_least(1), default=None,
+                   help="torch threads in this process, or per Ray actor (default: torch's "
+                   "choice; on Ray, the cluster's CPUs / --workers)")
+    p.set_defaults(run=run)
+
+
+def _drafter(args: argparse.Namespace) -> tuple[str, str] | None:
+    if args.quantized_draft is not None:
+        if args.quantized_draft not in ("4", "8"):
+            raise UsageError(f"--quantized-draft takes 4 or 8 bits, got {args.quantized_draft}")
+        return ("quantized", args.quantized_draft)
+    if args.prompt_lookup:
+        return ("prompt-lookup", "")
+    if args.draft:
+        return ("draft", args.draft)
+    if args.eagle:
+        return ("eagle", args.eagle)
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.ray is None and args.workers != 2:
+        raise UsageError("--workers only applies with --ray")
+    drafter = _drafter(args)
+    from exactspec.batch import BatchConfig, EngineSpec, run_batch
+    from exactspec.sampling import SamplingParams
+
+    if args.threads is not None and args.ray is None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    spec = EngineSpec(model=args.model, drafter=drafter, num_draft_tokens=args.num_draft_tokens,
+                      verify=args.verify, stop=tuple(args.stop or ()),
+                      batch_size=args.batch_size,
+                      threads=args.threads if args.ray is not None else None,
+                      chat=not args.no_chat)
+    params = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty)
+    cfg = BatchConfig(input=args.input, output=args.output, engine=spec, n=args.n,
+                      max_new_tokens=args.max_new_tokens, params=params, seed=args.seed,
+                      logprobs=args.logprobs, errors=args.errors, ray=args.ray is not None,
+                      address=args.ray or None, workers=args.workers)
+    res = run_batch(cfg)
+    where = f"on Ray, {args.workers} workers" if args.ray is not None else "locally"
+    bad = ""
+    if res.bad_rows:
+        bad = f"; {len(res.bad_rows)} bad input rows skipped into {args.errors}"
+    print(f"wrote {res.written} samples to {args.output} ({res.already_done} already there{bad}) "
+          f"{where} in {res.seconds:.1f} s: {res.written / res.seconds if res.seconds else 0:.2f} "
+          f"samples/s, {res.tokens_per_second:.1f} tokens/s; seed {res.seed}")
+    return 0
