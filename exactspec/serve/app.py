@@ -64,15 +64,8 @@ def create_app(model: Model, drafter: Drafter | None, config: ServerConfig) -> F
     app.state.metrics = metrics
     created = int(time.time())
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if config.api_key is not None and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
-                metrics.count("rejected", "unauthorized")
-                return _error(ApiError(401, "missing or wrong API key: send the header "
-                                       "'Authorization: Bearer KEY'", code="invalid_api_key"))
-        return await call_next(request)
+    if config.api_key is not None:
+        app.add_middleware(_ApiKey, key=config.api_key, metrics=metrics)
 
     @app.exception_handler(HTTPException)
     async def _http_error(_request: Request, exc: HTTPException):
@@ -127,6 +120,28 @@ def create_app(model: Model, drafter: Drafter | None, config: ServerConfig) -> F
         return await complete(request, "text")
 
     return app
+
+
+class _ApiKey:
+    """ASGI middleware: every path but /health needs 'Authorization: Bearer KEY' (else 401).
+
+    Plain ASGI rather than `@app.middleware`, which would hide client disconnects from the
+    handlers behind it.
+    """
+
+    def __init__(self, app, *, key: str, metrics: Metrics) -> None:
+        self.app, self.expected, self.metrics = app, f"Bearer {key}".encode(), metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                self.metrics.count("rejected", "unauthorized")
+                response = _error(ApiError(401, "missing or wrong API key: send the header "
+                                           "'Authorization: Bearer KEY'", code="invalid_api_key"))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _error(exc: ApiError) -> JSONResponse:

@@ -1,0 +1,93 @@
+"""`exactspec serve`: the OpenAI-compatible server (see the README's Server section)."""
+
+from __future__ import annotations
+
+import argparse
+
+from exactspec.cli.common import UsageError, at_least
+
+
+def draft_tokens(text: str) -> int | str:
+    """argparse type: 'auto' or an int >= 0."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or 'auto', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 or 'auto', got {value}")
+    return value
+
+
+def add_drafter_flags(p) -> None:
+    """--prompt-lookup | --draft M | --eagle [HEAD] | --quantized-draft 8|4, one at most."""
+    drafters = p.add_mutually_exclusive_group()
+    drafters.add_argument("--prompt-lookup", action="store_true",
+                          help="draft by copying n-grams from the prompt and output")
+    drafters.add_argument("--draft", metavar="MODEL", default=None,
+                          help="draft model sharing the target's vocabulary")
+    drafters.add_argument("--eagle", metavar="HEAD", nargs="?", const="smollm2-135m",
+                          default=None, help="EAGLE-style head: the shipped name (default "
+                          "smollm2-135m) or a directory from train-draft")
+    drafters.add_argument("--quantized-draft", type=int, choices=(8, 4), default=None,
+                          metavar="8|4", help="the target itself, weight-only quantized")
+
+
+def drafter_choice(args):
+    from exactspec.serve import DrafterChoice
+
+    return DrafterChoice(prompt_lookup=args.prompt_lookup, draft=args.draft, eagle=args.eagle,
+                         quantized_draft=args.quantized_draft)
+
+
+def add(sub) -> None:
+    p = sub.add_parser(
+        "serve", help="serve the model over the OpenAI API, speculatively",
+        description="An OpenAI-compatible HTTP server (POST /v1/chat/completions, "
+        "/v1/completions; GET /v1/models, /health, /metrics) whose outputs are distributed "
+        "exactly as the target's. SIGTERM drains running requests, then exits. Example: "
+        "exactspec serve --prompt-lookup --port 8000 --api-key secret")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="target: embedded name, transformers directory or .gguf file")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
+                   "%(default)s; 0.0.0.0 exposes it to the network)")
+    p.add_argument("--port", type=at_least(0), default=8000)
+    add_drafter_flags(p)
+    p.add_argument("--num-draft-tokens", type=draft_tokens, default=4, metavar="N|auto",
+                   help="draft tokens per step (default 4), or 'auto' (still exact; a seed's "
+                   "text then depends on timings)")
+    p.add_argument("--max-batch", type=at_least(1), default=32,
+                   help="rows decoded together (default %(default)s)")
+    p.add_argument("--max-queue", type=at_least(1), default=64,
+                   help="requests waiting for the engine; more are answered 429 (default "
+                   "%(default)s)")
+    p.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds per request before it fails with 504 (default %(default)s)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health")
+    p.add_argument("--served-name", default=None,
+                   help="model id clients send (default: --model)")
+    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import torch
+
+    from exactspec.models import load
+    from exactspec.serve import EngineConfig, ServerConfig, build_drafter, serve
+
+    if args.request_timeout <= 0:
+        raise UsageError(f"--request-timeout must be > 0, got {args.request_timeout}")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    model = load(args.model)
+    drafter, name = build_drafter(drafter_choice(args), model)
+    config = ServerConfig(
+        served_name=args.served_name or args.model, api_key=args.api_key,
+        request_timeout=args.request_timeout, drafter_name=name,
+        engine=EngineConfig(max_batch=args.max_batch, max_queue=args.max_queue,
+                            num_draft_tokens=args.num_draft_tokens if drafter else 0))
+    serve(model, drafter, config, host=args.host, port=args.port)
+    return 0
