@@ -17,12 +17,11 @@ import torch
 from transformers import PreTrainedModel
 
 from exactspec.models.cache import SlotCache
-from exactspec.models.lean import LINEAR_ROWS, LeanLlama, lean_forward_for
+from exactspec.models.lean import LeanLlama, lean_forward_for
 
 _SUPPORTED_ATTENTION = ("eager", "sdpa")
 
-__all__ = ["LINEAR_ROWS", "LeanLlama", "SlotCache", "TargetAdapter", "lean_forward_for",
-           "unwrap_model"]
+__all__ = ["LeanLlama", "SlotCache", "TargetAdapter", "lean_forward_for", "unwrap_model"]
 
 
 def unwrap_model(model) -> PreTrainedModel:
@@ -44,9 +43,12 @@ class TargetAdapter:
     per row on top of each row's committed length and returns their logits without committing
     them; `commit(n)` keeps the first n of them per row; `rewind(lengths)` sets lengths
     directly; `select(rows)` drops finished rows. Works on any device the model lives on.
+    `forward` runs a given lean forward instead of the model's own weights (a quantized draft
+    of the model: `lean_forward_for(model, "int8")`).
     """
 
-    def __init__(self, model, *, pad_token_id: int = 0, lean: bool = True) -> None:
+    def __init__(self, model, *, pad_token_id: int = 0, lean: bool = True,
+                 forward: LeanLlama | None = None) -> None:
         self.model = unwrap_model(model)
         impl = getattr(self.model.config, "_attn_implementation", "eager")
         if impl not in _SUPPORTED_ATTENTION:
@@ -67,7 +69,8 @@ class TargetAdapter:
             raise ValueError(f"unsupported layer types {sorted(set(layer_types))}")
         self.pad_token_id = pad_token_id  # filler for ragged inputs; never attended to
         # the lean forward (Llama architectures) unless turned off; transformers' otherwise
-        self.lean = lean_forward_for(self.model) if lean else None
+        self.lean = forward if forward is not None else (
+            lean_forward_for(self.model) if lean else None)
         self.cache: SlotCache | None = None
         self.lengths = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] committed slots
         self._last_width = 0  # T of the last extend, bounds commit

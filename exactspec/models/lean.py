@@ -1,70 +1,85 @@
-"""The lean forward: Llama-architecture decode steps over a SlotCache, with less per-op overhead
-than transformers' forward (fused q/k/v and gate/up, masks only when needed)."""
+"""The lean forward: Llama-architecture decode steps over a SlotCache, one code path for every
+weight format (float32, bfloat16, int8, int4; `exactspec/models/formats.py`).
+
+The target runs it on its own float32 (or bfloat16) weights; `QuantizedDraft` runs the same
+forward on a weight-only quantized copy of the target, optionally over a subset of its layers.
+"""
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from exactspec.models.cache import SlotCache
-
-LINEAR_ROWS = (4, 36)  # B*T range where the lean forward uses linear on [out, in] weights
+from exactspec.models.formats import FORMATS, Matrix, activation_dtype, make_matrix
 
 
 class LeanLlama:
     """A lean forward of a Llama-architecture model over a SlotCache, for decode steps.
 
-    Same weights and math as transformers' LlamaForCausalLM (RMSNorm, RoPE from the model's
-    own rotary module, GQA attention via SDPA, SwiGLU), with less per-token overhead: q/k/v and
-    gate/up fused into one matrix each, weights stored [in, out] (x @ W), a boolean mask built
-    only when rows are ragged or several tokens are fed. On this 2-core CPU a one-token
-    matrix-vector product streams a [in, out] weight about 1.8x faster than torch's linear
-    does its [out, in] one (100 SmolLM2 MLP matrices, 1 thread: 17.6 vs 31.3 ms). Costs one
-    copy of the weights. Results agree with transformers' forward to float rounding.
-
-    For LINEAR_ROWS[0] <= B*T <= LINEAR_ROWS[1] rows (a verify step of a few rows) the layers
-    instead call `linear` on the model's own [out, in] weights (no copy): MKL's small-M
-    kernels are faster on that layout here (smollm2-135m, 2 threads, medians, three runs:
-    1 row x 5 tokens 62-78 -> 52-63 ms, 1 x 9 87-102 -> 81-86 ms, 1 x 12 108 -> 80 ms,
-    8 x 1 72-83 -> 64-69 ms, 8 x 2 103-130 -> 90-100 ms; but 1 x 1 37-39 -> 46 ms, 1 x 2
-    50 -> 63-67 ms, 1 x 3 64 -> 83 ms, and no consistent gain past ~36 rows).
+    Same math as transformers' LlamaForCausalLM (RMSNorm, RoPE from the model's own rotary
+    module, GQA attention via SDPA, SwiGLU) with less per-op overhead: q/k/v and gate/up fused
+    into one product each (float32 keeps the model's own matrices and fuses only the one-row
+    copy), RoPE applied to q and k in one go, `rms_norm` as one op, a boolean mask only when
+    rows are ragged or several tokens are fed. `fmt` picks the weight format (see formats.py
+    for the kernel each uses and why); `layers` keeps only those decoder layers (layer-skipping
+    self-speculation: a draft, not the target). Activations run in float32 for float32 weights
+    and in bfloat16 otherwise; logits are returned in float32, so p and q are always
+    standardized in float32. In float32 the results agree with transformers' forward to float
+    rounding (tested).
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
-        inner = model.model
-        cfg = model.config
+    def __init__(self, model: PreTrainedModel, fmt: str = "float32", *,
+                 layers: Sequence[int] | None = None, group_size: int = 32) -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"weight format {fmt!r} must be one of {list(FORMATS)}")
+        inner, cfg = model.model, model.config
+        n_layers = cfg.num_hidden_layers
+        self.layer_ids = list(range(n_layers)) if layers is None else list(layers)
+        if not self.layer_ids or any(not 0 <= i < n_layers for i in self.layer_ids):
+            raise ValueError(f"layers={layers!r} must be a non-empty subset of 0..{n_layers - 1}")
         self._model = weakref.ref(model)  # weak: the cache below is keyed by the model
+        self.fmt = fmt  # weight format of every product
+        self.group_size = group_size  # int4 group along the input dimension
+        self.dtype = activation_dtype(fmt)  # activations and KV cache dtype
         self.rotary = inner.rotary_emb  # the model's own RoPE (scaling variants included)
-        self.embed = inner.embed_tokens
+        self.embed = inner.embed_tokens  # shared with the model (no copy)
         self.heads = cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.scaling = self.head_dim ** -0.5
-        self.layers = []  # per layer: (ln1, eps1, wqkv [H, (h+2kv)d], wo, ln2, eps2, wgu, wd)
-        self.linear_layers = []  # per layer, the model's own [out, in] weights (no copies):
-        # (q, k, v, o, gate, up, down), for the LINEAR_ROWS range
+        self.layers: list[tuple] = []  # per kept layer: (ln1, eps1, qkv, o, ln2, eps2, gu, down)
         with torch.no_grad():
-            for layer in inner.layers[: cfg.num_hidden_layers]:
+            for i in self.layer_ids:
+                layer = inner.layers[i]
                 a, m = layer.self_attn, layer.mlp
-                self.linear_layers.append((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight,
-                                           a.o_proj.weight, m.gate_proj.weight,
-                                           m.up_proj.weight, m.down_proj.weight))
-                wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).t()
-                wgu = torch.cat([m.gate_proj.weight, m.up_proj.weight]).t()
                 self.layers.append((
-                    layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon,
-                    wqkv.contiguous(), a.o_proj.weight.t().contiguous(),
-                    layer.post_attention_layernorm.weight,
+                    self._norm_weight(layer.input_layernorm.weight),
+                    layer.input_layernorm.variance_epsilon,
+                    self._matrix([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                    self._matrix([a.o_proj.weight]),
+                    self._norm_weight(layer.post_attention_layernorm.weight),
                     layer.post_attention_layernorm.variance_epsilon,
-                    wgu.contiguous(), m.down_proj.weight.t().contiguous(),
+                    self._matrix([m.gate_proj.weight, m.up_proj.weight]),
+                    self._matrix([m.down_proj.weight]),
                 ))
-            self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
-            self.head = model.lm_head.weight.t().contiguous()  # [H, V], for one row
-            self.head_vh = model.lm_head.weight  # [V, H] (no copy), for 2..8 rows
+            self.norm = (self._norm_weight(inner.norm.weight), inner.norm.variance_epsilon)
+            self.head = self._matrix([model.lm_head.weight])
         self.versions = self._versions(model)
+
+    def _matrix(self, parts: list[torch.Tensor]) -> Matrix:
+        if self.fmt == "float32":  # the model's own tensors; fused only in the one-row copy
+            return Matrix.float32_parts([p.float() for p in parts])
+        w = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return make_matrix(w if self.fmt == "bfloat16" else w.float(), self.fmt,
+                           group_size=self.group_size)
+
+    def _norm_weight(self, w: torch.Tensor) -> torch.Tensor:
+        return w if w.dtype == self.dtype else w.detach().to(self.dtype)
 
     @staticmethod
     def supports(model) -> bool:
@@ -83,21 +98,20 @@ class LeanLlama:
         return tuple(p._version for p in model.parameters())
 
     def stale(self) -> bool:
-        """Whether the model's weights were modified in place since the copy was made."""
+        """Whether the model's weights were modified in place since this forward was built."""
         model = self._model()
         return model is None or self._versions(model) != self.versions
 
-    @staticmethod
-    def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.to(torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-        return w * x.to(dtype)
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads (every product, the embedding row excluded)."""
+        mats = [m for layer in self.layers for m in (layer[2], layer[3], layer[6], layer[7])]
+        return sum(m.nbytes for m in [*mats, self.head])
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache,
                 mask: torch.Tensor | None, logits_to_keep: int,
                 hidden_layers: tuple[int, ...] | None = None):
-        """Logits [B, T', V]; with `hidden_layers`, also the features transformers'
+        """Logits [B, T', V] float32; with `hidden_layers`, also the features transformers'
         `hidden_states` would give at those indices (embeddings, each layer's output, the
         last one after the final norm), concatenated: [B, T, F]."""
         # tokens, positions: [B, T]; mask: [B, 1, T, S] bool (True = visible) or None
@@ -106,66 +120,52 @@ class LeanLlama:
         want = None if hidden_layers is None else {j % n_states for j in hidden_layers}
         states: dict[int, torch.Tensor] = {}
         h, kv, d = self.heads, self.kv_heads, self.head_dim
-        x = self.embed(tokens)  # [B, T, H]
+        x = self.embed(tokens).to(self.dtype)  # [B, T, H]
         cos, sin = self.rotary(x, positions)  # [B, T, d]
-        cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, d]
+        cos, sin = cos[:, :, None], sin[:, :, None]  # [B, T, 1, d]
         half = d // 2
-        use_linear = LINEAR_ROWS[0] <= b * t <= LINEAR_ROWS[1]
-        for i, (w1, e1, wqkv, wo, w2, e2, wgu, wd) in enumerate(self.layers):
+        for i, (w1, e1, qkv, wo, w2, e2, gu, wd) in enumerate(self.layers):
             if want is not None and i in want:
                 states[i] = x
-            if use_linear:
-                wq, wk, wv, wo_t, wg, wu, wd_t = self.linear_layers[i]
-                a = self._rms(x, w1, e1)
-                q, k, v = F.linear(a, wq), F.linear(a, wk), F.linear(a, wv)
-            else:
-                y = self._rms(x, w1, e1) @ wqkv  # [B, T, (h + 2 kv) d]
-                q, k, v = y.split([h * d, kv * d, kv * d], dim=-1)
-            q = q.view(b, t, h, d).transpose(1, 2)  # [B, h, T, d]
-            k = k.view(b, t, kv, d).transpose(1, 2)  # [B, kv, T, d]
-            v = v.view(b, t, kv, d).transpose(1, 2)
-            q = q * cos + torch.cat([-q[..., half:], q[..., :half]], -1) * sin
-            k = k * cos + torch.cat([-k[..., half:], k[..., :half]], -1) * sin
+            y = qkv(F.rms_norm(x, w1.shape, w1, e1))  # [B, T, (h + 2 kv) d]
+            qk = y[..., : (h + kv) * d].view(b, t, h + kv, d)  # RoPE on q and k at once
+            qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], -1) * sin
+            q = qk[:, :, :h].transpose(1, 2)  # [B, h, T, d]
+            k = qk[:, :, h:].transpose(1, 2)  # [B, kv, T, d]
+            v = y[..., (h + kv) * d:].view(b, t, kv, d).transpose(1, 2)  # [B, kv, T, d]
             k, v = cache.update(k, v, i)  # [B, kv, S, d]
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
                                                enable_gqa=h != kv)  # [B, h, T, d]
-            o = o.transpose(1, 2).reshape(b, t, h * d)
-            if use_linear:
-                x = x + F.linear(o, wo_t)
-                mm = self._rms(x, w2, e2)
-                x = x + F.linear(F.silu(F.linear(mm, wg)) * F.linear(mm, wu), wd_t)
-                continue
-            x = x + o @ wo
-            gate, up = (self._rms(x, w2, e2) @ wgu).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ wd
+            x = x + wo(o.transpose(1, 2).reshape(b, t, h * d))
+            gate, up = gu(F.rms_norm(x, w2.shape, w2, e2)).chunk(2, dim=-1)
+            x = x + wd(F.silu(gate) * up)
         feats = None
         if want is not None:
             if n_states - 1 in want:
-                states[n_states - 1] = self._rms(x, *self.norm)
+                states[n_states - 1] = F.rms_norm(x, self.norm[0].shape, *self.norm)
             feats = torch.cat([states[j % n_states] for j in hidden_layers], dim=-1)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
-        x = self._rms(x, *self.norm)  # [B, T', H]
-        logits = self._head(x)
+        logits = self.head(F.rms_norm(x, self.norm[0].shape, *self.norm)).float()  # [B, T', V]
         return logits if feats is None else (logits, feats)
 
-    def _head(self, x: torch.Tensor) -> torch.Tensor:  # [B, T', H] -> [B, T', V]
-        m = x.shape[0] * x.shape[1]
-        if 2 <= m <= 8:  # a few rows: W @ x^T on the [V, H] head is ~2x faster (10 vs 20 ms)
-            w = self.head_vh
-            return (w @ x.reshape(m, -1).t()).t().reshape(x.shape[0], x.shape[1], -1)
-        return x @ self.head  # [B, T', V]
 
-
-# One LeanLlama per model object, rebuilt when its weights change in place.
+# One LeanLlama per (model object, format, layers, group), rebuilt when its weights change.
 _LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def lean_forward_for(model: PreTrainedModel) -> LeanLlama | None:
-    """The cached LeanLlama of `model`, or None when its architecture is not supported."""
+def lean_forward_for(model: PreTrainedModel, fmt: str | None = None, *,
+                     layers: Sequence[int] | None = None,
+                     group_size: int = 32) -> LeanLlama | None:
+    """The cached LeanLlama of `model` in weight format `fmt` (default: the model's own dtype,
+    float32 or bfloat16), or None when its architecture is not supported."""
     if not LeanLlama.supports(model):
         return None
-    lean = _LEAN.get(model)
+    if fmt is None:
+        fmt = "bfloat16" if next(model.parameters()).dtype == torch.bfloat16 else "float32"
+    key = (fmt, None if layers is None else tuple(layers), group_size)
+    per_model = _LEAN.setdefault(model, {})
+    lean = per_model.get(key)
     if lean is None or lean.stale():
-        lean = _LEAN[model] = LeanLlama(model)
+        lean = per_model[key] = LeanLlama(model, fmt, layers=layers, group_size=group_size)
     return lean

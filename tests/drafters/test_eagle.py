@@ -126,7 +126,10 @@ def test_rollback_after_partial_acceptance_matches_a_fresh_drafter(target, param
     want, q_want = fresh.propose(ctx2, torch.tensor([4, 3]))
     assert torch.equal(got, want)
     assert got[1, 3] == -1  # row 1 asked for 3
-    torch.testing.assert_close(q_got, q_want, atol=1e-6, rtol=1e-5)
+    # same math over differently shaped products (a catch-up of 3 tokens against a fresh
+    # prefill): float32 rounding differs by kernel and CPU (4.9e-6 seen on an AVX2 machine),
+    # so the same tolerance as the unroll comparison above
+    torch.testing.assert_close(q_got, q_want, atol=1e-5, rtol=1e-4)
 
 
 def test_select_keeps_rows(target):

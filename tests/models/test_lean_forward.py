@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exactspec.models.adapter import LINEAR_ROWS, LeanLlama, TargetAdapter, lean_forward_for
+from exactspec.models.adapter import LeanLlama, TargetAdapter, lean_forward_for
+from exactspec.models.formats import MATVEC_ROWS
 from tests.engine.tiny import tiny_llama
 
 
@@ -72,9 +73,10 @@ def test_lean_features_match_transformers_hidden_states():
 
 @pytest.mark.parametrize("rows,width", [(1, 1), (1, 2), (1, 5), (2, 4), (6, 8)])
 def test_both_weight_layouts_match_transformers(rows, width):
-    """Few rows use the fused [in, out] copies, LINEAR_ROWS the model's own weights."""
+    """One row uses the fused [in, out] copy, MATVEC_ROWS W @ x^T on the model's own weights,
+    more rows `linear` on them: each path equals transformers' forward."""
     m = rows * width
-    assert (LINEAR_ROWS[0] <= m <= LINEAR_ROWS[1]) == ((rows, width) in {(1, 5), (2, 4)})
+    assert (MATVEC_ROWS[0] <= m <= MATVEC_ROWS[1]) == ((rows, width) in {(1, 2), (1, 5), (2, 4)})
     model = tiny_llama(4, layers=2)
     ref, lean = _pair(model)
     prompts = [[1 + (i + j) % 30 for j in range(3 + i)] for i in range(rows)]

@@ -1,0 +1,263 @@
+"""Weight formats for the lean forward: one matrix product per format, its kernel chosen per CPU.
+
+A `Matrix` holds one linear layer's weight `W` ([out, in], y = x W^T) in a storage format and
+computes `y` for activations of any leading shape:
+
+| format     | storage                                   | activations | kernel                            |
+|------------|-------------------------------------------|-------------|-----------------------------------|
+| `float32`  | the model's own [out, in] + an [in, out]  | float32     | x @ W^T via the [in, out] copy for |
+|            | copy made on the first one-row product    |             | one row, W @ x^T for 2..8 rows,   |
+|            |                                           |             | `linear` beyond                   |
+| `bfloat16` | [out, in] bf16                            | bfloat16    | `linear`                          |
+| `int8`     | int8 per output channel + bf16 scales     | bfloat16    | `torch._weight_int8pack_mm`       |
+| `int4`     | min-max groups along `in`, packed         | bfloat16    | `torch._weight_int4pack_mm_for_cpu`|
+
+Every quantized format also has a reference path, `Matrix.reference(x)`: the dequantized
+weight in float32, used by the tests and as the fallback where the packed kernel is slower than
+the reference (measured once per process, `kernel_choice`) or refuses the shape (int4 needs
+`out` divisible by 16 and `in` by the group size; such a matrix is stored as int8 instead,
+logged). The draft's q is computed from whatever its forward computes, so every path is exact;
+the choice only moves speed and acceptance.
+
+Measured on this project's 2-core AMD EPYC (AVX2, no AVX-512), 2 threads, the 49152 x 576 LM
+head, one row: float32 `linear` 7.5 ms, float32 x @ W^T ([in, out] copy) 4.0 ms, bf16 `linear`
+3.1 ms, int8pack (bf16 activations) 2.1 ms, int4pack (bf16) 2.3 ms; with float32 activations
+int8pack takes 13.5 ms and int4pack 27.6 ms, so the packed kernels always get bf16 activations.
+Thirty layers of SmolLM2 matrices (weights not in cache, float32): one row 25.8 ms through the
+[in, out] copy against 34.1 ms through W @ x^T on [out, in]; 2 / 3 / 5 / 7 rows 43 / 50 / 67 /
+51 ms through [in, out] against 26 / 29 / 41 / 45 ms through W @ x^T (`/tmp`-free reproduction:
+`python -m exactspec.bench.kernels`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("float32", "bfloat16", "int8", "int4")
+MATVEC_ROWS = (2, 8)  # row counts where the float32 product is W @ x^T on [out, in]
+
+
+def activation_dtype(fmt: str) -> torch.dtype:
+    """The dtype activations flow in for weights stored as `fmt`."""
+    return torch.float32 if fmt == "float32" else torch.bfloat16
+
+
+@dataclass
+class Matrix:
+    """One linear layer's weight in a storage format; `m(x)` is x @ W^T ([..., in] -> [..., out])."""
+
+    fmt: str  # one of FORMATS (the format actually stored, after any int4 -> int8 fallback)
+    out_features: int  # rows of W
+    in_features: int  # columns of W
+    weight: torch.Tensor | None = None  # [out, in] bfloat16 (a copy)
+    parts: list[torch.Tensor] | None = None  # float32: the model's own [out_i, in] tensors,
+    # stacked along `out` (q, k, v or gate, up), never copied
+    weight_t: torch.Tensor | None = None  # [in, out] float32 copy for one-row products
+    qweight: torch.Tensor | None = None  # int8 [out, in], or int4 packed [out, in / 2] uint8
+    scales: torch.Tensor | None = None  # int8: [out] bf16; int4: [in / group, out, 2] bf16
+    group_size: int = 0  # int4 group along `in`
+    packed: bool = True  # use the packed kernel (False: the dequantized reference, measured)
+    ref_weight: torch.Tensor | None = None  # [out, in] float32 dequantized, when not packed
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)  # [M, in]
+        m = x2.shape[0]
+        if self.fmt == "float32":
+            if m == 1:
+                if self.weight_t is None:  # built on first use: speculative steps never need it
+                    self.weight_t = torch.cat(self.parts).t().contiguous()  # [in, out]
+                y = x2 @ self.weight_t
+            elif MATVEC_ROWS[0] <= m <= MATVEC_ROWS[1]:
+                y = torch.cat([w @ x2.t() for w in self.parts]).t()
+            else:
+                y = torch.cat([F.linear(x2, w) for w in self.parts], dim=-1)
+        elif not self.packed:
+            y = F.linear(x2.float(), self.ref_weight).to(x.dtype)
+        elif self.fmt == "bfloat16":
+            y = F.linear(x2, self.weight)
+        elif self.fmt == "int8":
+            y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)
+        else:
+            y = torch._weight_int4pack_mm_for_cpu(x2, self.qweight, self.group_size, self.scales)
+        return y.reshape(*lead, self.out_features)
+
+    def dequantized(self) -> torch.Tensor:  # [out, in] float32
+        """The weight this matrix multiplies by, in float32 (the reference for every kernel)."""
+        if self.ref_weight is not None:
+            return self.ref_weight
+        if self.fmt == "float32":
+            return torch.cat(self.parts).float()
+        if self.fmt == "bfloat16":
+            return self.weight.float()
+        if self.fmt == "int8":
+            return self.qweight.float() * self.scales.float()[:, None]
+        return _int4_dequantize(self.qweight, self.scales, self.group_size, self.in_features)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out] float32
+        """x @ W^T in float32 with the dequantized weight."""
+        return F.linear(x.float(), self.dequantized())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a product reads from this matrix's weights (the copy the kernel uses)."""
+        if self.parts is not None:
+            tensors = self.parts
+        elif self.ref_weight is not None:
+            tensors = [self.ref_weight]
+        elif self.qweight is not None:
+            tensors = [self.qweight, self.scales]
+        else:
+            tensors = [self.weight]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    @classmethod
+    def float32_parts(cls, parts: list[torch.Tensor]) -> Matrix:
+        """The model's own float32 matrices ([out_i, in] each) as one product, without a copy."""
+        parts = [p.detach() for p in parts]
+        assert all(p.dtype == torch.float32 and p.shape[1] == parts[0].shape[1] for p in parts)
+        return cls("float32", sum(p.shape[0] for p in parts), parts[0].shape[1], parts=parts)
+
+
+def make_matrix(weight: torch.Tensor, fmt: str, *, group_size: int = 32) -> Matrix:
+    """`weight` ([out, in], float32) stored as `fmt`; float32 keeps the tensor itself (no copy),
+    bfloat16 keeps a bfloat16 weight itself."""
+    if fmt not in FORMATS:
+        raise ValueError(f"weight format {fmt!r} must be one of {list(FORMATS)}")
+    out_f, in_f = weight.shape
+    w = weight.detach()
+    if fmt == "float32":
+        return Matrix.float32_parts([w.float()])
+    if fmt == "bfloat16":
+        return Matrix("bfloat16", out_f, in_f, weight=w.to(torch.bfloat16).contiguous())
+    if fmt == "int4" and (out_f % 16 or in_f % group_size):
+        log.info("int4 refuses a [%d, %d] matrix (out %% 16, in %% %d); storing it as int8",
+                 out_f, in_f, group_size)
+        fmt = "int8"
+    if fmt == "int8":
+        q, s = quantize_int8(w.float())
+        m = Matrix("int8", out_f, in_f, qweight=q, scales=s.to(torch.bfloat16))
+    else:
+        q, sz = quantize_int4(w.float(), group_size)
+        m = Matrix("int4", out_f, in_f, qweight=q, scales=sz, group_size=group_size)
+    if not kernel_choice(m.fmt):
+        m.ref_weight = m.dequantized()
+        m.packed = False
+        m.qweight = None
+    return m
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output channel: w ~ q * s; q [out, in] int8, s [out] float32."""
+    s = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # [out]
+    q = torch.round(w / s[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, s
+
+
+def quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric min-max int4 groups of `group_size` along `in`: w ~ q * scale + min, q in 0..15.
+
+    Returns the CPU int4 pack ([out, in / 2] uint8) and scales-and-zeros [in / group, out, 2] in
+    bf16, laid out for `torch._weight_int4pack_mm_for_cpu` (which computes (q - 8) * s + z).
+    """
+    out_f, in_f = w.shape
+    g = w.reshape(out_f, in_f // group_size, group_size)  # [out, G, gs]
+    lo, hi = g.amin(-1), g.amax(-1)  # [out, G]
+    scale = ((hi - lo) / 15.0).clamp(min=1e-12)
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+    # round scale and zero to bf16 first so the reference below is what the kernel computes
+    scale_b, lo_b = scale.to(torch.bfloat16), lo.to(torch.bfloat16)
+    zero = (lo_b.float() + 8 * scale_b.float()).to(torch.bfloat16)
+    sz = torch.stack([scale_b, zero], dim=-1).transpose(0, 1).contiguous()  # [G, out, 2]
+    packed = torch._convert_weight_to_int4pack_for_cpu(q.reshape(out_f, in_f), 1)
+    return packed, sz
+
+
+def _int4_unpack(packed: torch.Tensor, in_f: int) -> torch.Tensor:  # -> [out, in] int32 0..15
+    """Inverse of the CPU int4 pack, whose layout interleaves rows and columns in blocks.
+
+    The layout is found by packing probes whose nibbles are the base-16 digits of each source
+    index (`_pack_layout`), so this stays right whatever layout the kernel uses.
+    """
+    out_f = packed.shape[0]
+    nibbles = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(-1).to(torch.int32)
+    out = torch.empty(out_f * in_f, dtype=torch.int32)
+    out[_pack_layout(out_f, in_f)] = nibbles
+    return out.reshape(out_f, in_f)
+
+
+_LAYOUTS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _pack_layout(out_f: int, in_f: int) -> torch.Tensor:
+    """Source index (row * in + column) of every packed nibble, in `_int4_unpack`'s order."""
+    key = (out_f, in_f)
+    if key not in _LAYOUTS:
+        n = out_f * in_f
+        index = torch.arange(n, dtype=torch.long)
+        source = torch.zeros(n, dtype=torch.long)
+        bits = max(1, (n - 1).bit_length())
+        for d in range((bits + 3) // 4):  # one probe per base-16 digit
+            probe = ((index >> (4 * d)) & 0xF).to(torch.int32).reshape(out_f, in_f)
+            p = torch._convert_weight_to_int4pack_for_cpu(probe, 1)
+            nib = torch.stack([p & 0xF, p >> 4], dim=-1).reshape(-1).long()
+            source |= nib << (4 * d)
+        assert torch.equal(source.sort().values, index), "int4 pack is not a permutation"
+        _LAYOUTS[key] = source
+    return _LAYOUTS[key]
+
+
+def _int4_dequantize(packed: torch.Tensor, sz: torch.Tensor, group_size: int,
+                     in_f: int) -> torch.Tensor:  # -> [out, in] float32
+    q = _int4_unpack(packed, in_f).float()  # [out, in]
+    scale = sz[..., 0].float().t().repeat_interleave(group_size, dim=1)  # [out, in]
+    zero = sz[..., 1].float().t().repeat_interleave(group_size, dim=1)
+    return (q - 8) * scale + zero
+
+
+_KERNEL_OK: dict[str, bool] = {}
+
+
+def kernel_choice(fmt: str) -> bool:
+    """Whether the packed kernel for `fmt` beats the dequantized float32 reference here.
+
+    Measured once per process on a [4096, 576] product of one row (median of 7 each); the
+    result and the CPU capability are logged. bf16 is always taken (it has no packed form).
+    """
+    if fmt == "bfloat16":
+        return True
+    if fmt not in _KERNEL_OK:
+        w = torch.randn(4096, 576) * 0.02
+        x = torch.randn(1, 576, dtype=torch.bfloat16)
+        if fmt == "int8":
+            q, s = quantize_int8(w)
+            sb = s.to(torch.bfloat16)
+            packed = lambda: torch._weight_int8pack_mm(x, q, sb)  # noqa: E731
+        else:
+            q, sz = quantize_int4(w, 32)
+            packed = lambda: torch._weight_int4pack_mm_for_cpu(x, q, 32, sz)  # noqa: E731
+        xf = x.float()
+        ref = lambda: F.linear(xf, w)  # noqa: E731
+        t_packed, t_ref = _median_time(packed), _median_time(ref)
+        _KERNEL_OK[fmt] = t_packed <= t_ref
+        log.info("%s kernel on %s: packed %.3f ms, float32 reference %.3f ms -> %s", fmt,
+                 torch.backends.cpu.get_cpu_capability(), t_packed * 1e3, t_ref * 1e3,
+                 "packed" if _KERNEL_OK[fmt] else "reference")
+    return _KERNEL_OK[fmt]
+
+
+def _median_time(fn, n: int = 7) -> float:
+    fn()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[n // 2]
