@@ -5,6 +5,7 @@ exact.py     exact law of whole generations, TV distance, expected accepted toke
 samplers.py  the library's verifiers as audit schemes; batched simulation
 stats.py     chi-square with pooled bins and a threshold from the false-alarm rate; power
 pitfalls.py  the seeds' pitfalls as deliberately wrong samplers
+trees.py     the tree rules as schemes (exact enumeration, simulation) and the tree pitfalls
 explain.py   the seeds' one-step walk-through table and money diagram
 report.py    the `exactspec audit` run and its table
 """
@@ -21,6 +22,7 @@ from exactspec.audit.pitfalls import Pitfall, pitfalls
 from exactspec.audit.report import AuditConfig, AuditRow, format_table, run_audit
 from exactspec.audit.samplers import Speculative, simulate
 from exactspec.audit.stats import ALPHA, ChiSquare, chi_square, power
+from exactspec.audit.trees import TreePitfall, TreeScheme, tree_pitfalls, tree_schemes
 from exactspec.audit.world import World, folded_world, positional_world, random_world, target_law
 
 __all__ = [
@@ -30,3 +32,4 @@ __all__ = [
     "positional_world", "power", "random_world", "run_audit", "simulate", "target_law",
     "tv_distance",
 ]
+__all__ += ["TreePitfall", "TreeScheme", "tree_pitfalls", "tree_schemes"]

@@ -17,6 +17,14 @@ from exactspec.sampling.streams import (
     sample_from_weights,
     uniforms,
 )
+from exactspec.sampling.tree import SIBLING_KINDS, DraftTree, branching_parents
+from exactspec.sampling.tree_verify import (
+    TREE_METHODS,
+    TreeLaw,
+    TreeVerdict,
+    tree_acceptance_law,
+    verify_tree,
+)
 from exactspec.sampling.verify import METHODS, AcceptanceLaw, Verdict, acceptance_law, verify
 
 __all__ = [
@@ -25,3 +33,5 @@ __all__ = [
     "acceptance_law", "is_lossless", "parse_lossy", "probs_from_logits", "sample",
     "sample_from_weights", "uniforms", "verify",
 ]
+__all__ += ["SIBLING_KINDS", "TREE_METHODS", "DraftTree", "TreeLaw", "TreeVerdict",
+            "branching_parents", "tree_acceptance_law", "verify_tree"]
