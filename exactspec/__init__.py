@@ -1,24 +1,58 @@
 """exactspec: lossless speculative decoding, with an audit that proves it.
 
 p is always the target distribution and q the draft distribution (Leviathan et al. 2023).
+
+Names are imported on first use (PEP 562 `__getattr__`), so `import exactspec` and
+`exactspec --help` do not pay for torch and transformers. To export a new name, add one line
+to `_LAZY`: public name -> the module that defines it.
 """
 
-from exactspec.drafters import (
-    DraftContext,
-    Drafter,
-    DraftModel,
-    EagleDrafter,
-    PromptLookup,
-    TargetInfo,
-    load_drafter,
-)
-from exactspec.engine import Generation, GenerationStats, TextStream, generate, stream
-from exactspec.models import Model, as_model, load
-from exactspec.sampling import SamplingParams, Verdict, probs_from_logits, verify
+from __future__ import annotations
 
-__all__ = [
-    "DraftContext", "DraftModel", "Drafter", "EagleDrafter", "Generation", "GenerationStats", "Model",
-    "PromptLookup", "SamplingParams", "TargetInfo", "TextStream", "Verdict", "as_model",
-    "generate", "load", "load_drafter", "probs_from_logits", "stream", "verify",
-]
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+# public name -> module defining it; imported when the name is first used
+_LAZY: dict[str, str] = {
+    "DraftContext": "exactspec.drafters",
+    "DraftModel": "exactspec.drafters",
+    "Drafter": "exactspec.drafters",
+    "EagleDrafter": "exactspec.drafters",
+    "PromptLookup": "exactspec.drafters",
+    "TargetInfo": "exactspec.drafters",
+    "load_drafter": "exactspec.drafters",
+    "Generation": "exactspec.engine",
+    "GenerationStats": "exactspec.engine",
+    "TextStream": "exactspec.engine",
+    "generate": "exactspec.engine",
+    "stream": "exactspec.engine",
+    "Model": "exactspec.models",
+    "as_model": "exactspec.models",
+    "load": "exactspec.models",
+    "SamplingParams": "exactspec.sampling",
+    "Verdict": "exactspec.sampling",
+    "probs_from_logits": "exactspec.sampling",
+    "verify": "exactspec.sampling",
+    "InvalidType": "exactspec.errors",
+    "InvalidValue": "exactspec.errors",
+    "UserError": "exactspec.errors",
+}
+
+__all__ = sorted(_LAZY)  # built from the table, so it never drifts from it
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module defining `name` on first use and cache the value in this module."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'exactspec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+

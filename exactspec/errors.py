@@ -19,3 +19,7 @@ class InvalidValue(UserError, ValueError):
 
 class InvalidType(UserError, TypeError):
     """An argument has the wrong type."""
+
+
+class MissingFile(UserError, FileNotFoundError):
+    """A file or directory the caller named does not exist."""

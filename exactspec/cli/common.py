@@ -1,0 +1,98 @@
+"""What several subcommands share: the usage error, argument types, and flag bookkeeping.
+
+Nothing here imports torch: `exactspec --help` and `--version` must stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from exactspec.errors import UserError
+
+
+class UsageError(UserError):
+    """A mistake in the command line; printed as one line, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a parse error is one line (`prog: error: ...`) instead of usage + error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise ArgumentError(f"{self.prog}: error: {message} (see {self.prog} --help)")
+
+
+class ArgumentError(Exception):
+    """A parse error, already formatted as the one line `main` prints (exit code 2)."""
+
+
+def floats(text: str) -> list[float]:
+    """argparse type: comma-separated numbers."""
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
+
+
+def at_least(low: int):
+    """argparse type: an int >= `low`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"int >= {low}"  # how argparse names the type in its messages
+    return parse
+
+
+def given(args: argparse.Namespace, name: str) -> bool:
+    """Whether the user set option `name` (dest) on the command line.
+
+    Options whose default must be told apart from an explicit value use `default=None` and
+    resolve the effective value with `value_or`.
+    """
+    return getattr(args, name, None) is not None
+
+
+def value_or(args: argparse.Namespace, name: str, default):
+    """The option's value, or `default` when the user did not give it."""
+    value = getattr(args, name, None)
+    return default if value is None else value
+
+
+def refuse_without(args: argparse.Namespace, flags: dict[str, str], needed: bool,
+                   what: str) -> None:
+    """UsageError if any of `flags` (dest -> spelling) was given while `needed` is False.
+
+    `what` says what the flags need, e.g. "a drafter (--draft, --prompt-lookup or --eagle)".
+    """
+    if needed:
+        return
+    for dest, flag in flags.items():
+        value = getattr(args, dest, None)
+        if value is not None and value is not False:
+            raise UsageError(f"{flag} only applies with {what}")
+
+
+def user_paths(args: argparse.Namespace) -> list[str]:
+    """Every string argument, absolutised: the files and directories the user named."""
+    out = []
+    for value in vars(args).values():
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, str) and v:
+                out.append(os.path.abspath(os.path.expanduser(v)))
+    return out
+
+
+def names_user_file(exc: FileNotFoundError, args: argparse.Namespace) -> bool:
+    """Whether a FileNotFoundError is about a path the user named (or one inside it)."""
+    if exc.filename is None:
+        return False
+    missing = os.path.abspath(os.path.expanduser(os.fsdecode(exc.filename)))
+    return any(missing == p or missing.startswith(p.rstrip(os.sep) + os.sep)
+               for p in user_paths(args))

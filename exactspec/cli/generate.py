@@ -1,0 +1,166 @@
+"""`exactspec generate`: stream a lossless speculative continuation of one prompt.
+
+Every flag works in every combination or the combination is refused (`check_combinations`):
+the drafting flags need a drafter, and the rest reach the library unchanged, so the
+library's own checks (e.g. greedy verification with a temperature > 0) apply as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from exactspec.cli.common import UsageError, at_least, refuse_without, value_or
+
+DTYPES = ("float32", "bfloat16")  # what exactspec.load accepts as dtype
+DRAFTER_FLAGS = "a drafter (--draft, --prompt-lookup or --eagle)"
+K_DEFAULT = 4  # draft tokens per step when --num-draft-tokens is not given
+VERIFY_DEFAULT = "token"  # verification method when --verify is not given
+
+
+def _draft_tokens(text: str) -> int | str:
+    """argparse type: 'auto' or an int (the library checks its range)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or 'auto', got {text!r}") from None
+
+
+def add(sub) -> None:
+    p = sub.add_parser(
+        "generate", help="generate text, speculatively",
+        description="Stream a continuation of PROMPT, lossless: speculative decoding emits text "
+        "distributed exactly as the target model alone would. Example: exactspec generate "
+        "'Write a haiku about tea' --prompt-lookup --temperature 0.7 --seed 1",
+    )
+    p.add_argument("prompt", help="the prompt text (chat-templated unless --no-chat)")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="target: embedded name, transformers directory or .gguf file")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="weights of the target (and --draft model); bfloat16 is fast only on "
+                   "CPUs with native bf16 (avx512_bf16 / AMX)")
+    drafters = p.add_mutually_exclusive_group()
+    drafters.add_argument("--draft", metavar="MODEL", default=None,
+                          help="draft model sharing the target's vocabulary")
+    drafters.add_argument("--prompt-lookup", action="store_true",
+                          help="draft by copying n-grams from the prompt and output")
+    drafters.add_argument("--eagle", metavar="HEAD", nargs="?", const="smollm2-135m", default=None,
+                          help="draft with an EAGLE-style head over the target's features: the "
+                          "shipped name (default smollm2-135m) or a directory from train-draft")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+    p.add_argument("--min-p", type=float, default=0.0, help="0 = off")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="1.0 = off")
+    p.add_argument("--seed", type=int, default=None, help="same seed, same text")
+    p.add_argument("--max-new-tokens", type=at_least(1), default=128)
+    p.add_argument("--num-draft-tokens", type=_draft_tokens, default=None, metavar="N|auto",
+                   help="draft tokens per step, or 'auto' to adapt per row from measured "
+                   "speed (still lossless, but a seed's text then depends on timings; "
+                   f"default {K_DEFAULT}); needs a drafter")
+    p.add_argument("--verify", choices=["token", "block", "greedy"], default=None,
+                   help=f"verification method (token and block are lossless; greedy is exact "
+                   f"only with --temperature 0; default {VERIFY_DEFAULT}); needs a drafter")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop before this text (repeatable)")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (text, token ids, stats) instead of streaming")
+    p.add_argument("--threads", type=at_least(1), default=None,
+                   help="CPU threads for torch (default: torch's choice); 1 is often fastest "
+                   "for small models on a busy machine")
+    p.add_argument("--compare-plain", action="store_true",
+                   help="afterwards, run plain decoding with the same settings and print both "
+                   "speeds (the baseline every speedup is measured against); needs a drafter")
+    p.set_defaults(run=run)
+
+
+def check_combinations(args: argparse.Namespace) -> None:
+    """Refuse flags that would be silently ignored in this combination (one line each)."""
+    if not args.prompt.strip():
+        raise UsageError("the prompt is empty")
+    has_drafter = bool(args.draft or args.prompt_lookup or args.eagle)
+    refuse_without(args, {"num_draft_tokens": "--num-draft-tokens", "verify": "--verify",
+                          "compare_plain": "--compare-plain"}, has_drafter,
+                   DRAFTER_FLAGS + "; without one, decoding is plain")
+
+
+def run(args: argparse.Namespace) -> int:
+    check_combinations(args)
+    import json
+
+    from exactspec.drafters import DraftModel, PromptLookup, load_drafter
+    from exactspec.engine import generate, stream
+    from exactspec.models import load
+    from exactspec.sampling import SamplingParams
+
+    params = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, seed=args.seed,
+    )
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    model = load(args.model, dtype=args.dtype)
+    drafter, drafter_name = None, "plain"
+    if args.draft:
+        drafter = DraftModel(load(args.draft, dtype=args.dtype))
+        drafter_name = f"draft {args.draft}"
+    elif args.prompt_lookup:
+        drafter, drafter_name = PromptLookup(), "prompt lookup"
+    elif args.eagle:
+        drafter, drafter_name = load_drafter(args.eagle, target=model), f"eagle {args.eagle}"
+    verify = value_or(args, "verify", VERIFY_DEFAULT)
+    ids = model.encode(args.prompt, chat=not args.no_chat)
+    if len(ids) >= model.max_context:
+        raise UsageError(f"the prompt has {len(ids)} tokens; {model.name} takes at most "
+                         f"{model.max_context - 1}")
+    kwargs = dict(drafter=drafter, params=params, max_new_tokens=args.max_new_tokens,
+                  num_draft_tokens=value_or(args, "num_draft_tokens", K_DEFAULT),
+                  verify=verify, stop=args.stop)
+    label = (f"{model.name}, {drafter_name}, {verify} verification" if drafter is not None
+             else f"{model.name}, plain decoding")
+    if args.compare_plain:  # warm both paths up first, so neither timing pays first-call costs
+        for d in (drafter, None):
+            generate(model, [ids], **{**kwargs, "drafter": d, "max_new_tokens": 4})
+    if args.json:
+        g = generate(model, [ids], **kwargs)[0]
+        out = {"model": model.name, "drafter": drafter_name,
+               "verify": verify if drafter is not None else None, "text": g.text,
+               "token_ids": g.token_ids, "finish_reason": g.finish_reason,
+               "stats": _stats(g.stats, drafter is not None)}
+        if args.compare_plain:
+            plain = generate(model, [ids], **{**kwargs, "drafter": None})[0]
+            out["plain_stats"] = _stats(plain.stats, False)
+            out["speedup"] = _ratio(g.stats.tokens_per_second, plain.stats.tokens_per_second)
+        print(json.dumps(out))
+        return 0
+    s = stream(model, ids, **kwargs)
+    for piece in s:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    assert s.generation is not None
+    print()
+    print(f"[{label}] {s.generation.stats.summary()}")
+    if args.compare_plain:
+        plain = generate(model, [ids], **{**kwargs, "drafter": None})[0]
+        fast, slow = s.generation.stats.tokens_per_second, plain.stats.tokens_per_second
+        print(f"[{model.name}, plain decoding, same settings] {plain.stats.summary()}")
+        print(f"speculative {fast:.1f} tok/s vs plain {slow:.1f} tok/s: "
+              f"{_ratio(fast, slow) or float('nan'):.2f}x")
+    return 0
+
+
+def _stats(stats, speculative: bool) -> dict:
+    """GenerationStats as JSON; plain decoding has no acceptance rate (null, not 0.0)."""
+    out = stats.as_dict()
+    if not speculative:
+        out["acceptance_rate"] = None
+    return out
+
+
+def _ratio(fast: float, slow: float) -> float | None:
+    return fast / slow if slow else None
