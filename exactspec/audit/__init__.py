@@ -5,6 +5,7 @@ exact.py     exact law of whole generations, TV distance, expected accepted toke
 samplers.py  the library's verifiers as audit schemes; batched simulation
 stats.py     chi-square with pooled bins and a threshold from the false-alarm rate; power
 pitfalls.py  the seeds' pitfalls as deliberately wrong samplers
+lossy.py     the drift and acceptance gain of the opt-in lossy verify rules
 trees.py     the tree rules as schemes (exact enumeration, simulation) and the tree pitfalls
 explain.py   the seeds' one-step walk-through table and money diagram
 report.py    the `exactspec audit` run and its table
@@ -18,6 +19,7 @@ from exactspec.audit.explain import (
     format_explanation,
     money_diagram,
 )
+from exactspec.audit.lossy import LossyConfig, LossyRow, format_lossy, plot_lossy, run_lossy
 from exactspec.audit.pitfalls import Pitfall, pitfalls
 from exactspec.audit.report import AuditConfig, AuditRow, format_table, run_audit
 from exactspec.audit.samplers import Speculative, simulate
@@ -33,3 +35,4 @@ __all__ = [
     "tv_distance",
 ]
 __all__ += ["TreePitfall", "TreeScheme", "tree_pitfalls", "tree_schemes"]
+__all__ += ["LossyConfig", "LossyRow", "format_lossy", "plot_lossy", "run_lossy"]
