@@ -15,6 +15,10 @@ def add(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for the statistical samples")
     p.add_argument("--samples", type=int, default=None,
                    help="sequences drawn per case (default: AuditConfig.samples)")
+    p.add_argument("--lossy", action="store_true",
+                   help="instead: the drift and acceptance gain of each lossy verify rule "
+                   "(lenient:L, typical:EPS) on the worlds and a tiny model, a table and a PNG")
+    p.add_argument("--png", default="lossy.png", help="with --lossy: where the plot goes")
     p.set_defaults(run=run)
 
 
@@ -22,6 +26,8 @@ def run(args) -> int:
     from exactspec import cli  # run_audit is looked up there, so tests can replace it
     from exactspec.audit import AuditConfig, format_table
 
+    if args.lossy:
+        return _run_lossy(args)
     samples = AuditConfig.samples if args.samples is None else args.samples
     if samples < 100:
         raise UsageError(f"--samples {samples} is too small; use at least 100")
@@ -30,3 +36,17 @@ def run(args) -> int:
     rows = cli.run_audit(cfg)
     print(format_table(rows, cfg))
     return 0 if all(row.ok for row in rows) else 1
+
+
+def _run_lossy(args) -> int:
+    from exactspec.audit.lossy import LossyConfig, format_lossy, plot_lossy, run_lossy
+
+    if args.samples is not None and args.samples < 100:
+        raise UsageError(f"--samples {args.samples} is too small; use at least 100")
+    sizes = {} if args.samples is None else {"rows": args.samples}
+    cfg = LossyConfig(seed=args.seed, **sizes)
+    result = run_lossy(cfg)
+    print(format_lossy(result, cfg))
+    if args.png:
+        print(f"plot: {plot_lossy(result, args.png)}")
+    return 0 if all(abs(r.measured_tv - r.model_tv) <= r.bound for r in result) else 1
