@@ -6,17 +6,26 @@ the engine's adapter, and every fed token's features are recorded on the way: th
 head reads, the final normed feature (from which the LM head gives the target's p, the soft
 label) and the log-normaliser of p over the full vocabulary. No second, teacher-forced pass is
 needed. The data are written in parts, so an interrupted build resumes where it stopped.
+Parts are safetensors with JSON metadata, never pickle: a run directory from someone else
+must not be able to run code when it is resumed.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
+
+from exactspec.errors import InvalidValue
+from exactspec.models.loading import progress_off
 
 log = logging.getLogger(__name__)
 
@@ -159,35 +168,86 @@ def build_corpus(
     if max_batches > 0:
         jobs = jobs[:max_batches]
     seqs: list[Sequence] = []
-    mass_path = out_dir / "mass.pt"
+    mass_path = out_dir / MASS
     vocab = model.model.config.vocab_size
-    mass = torch.load(mass_path) if mass_path.exists() else torch.zeros(vocab, dtype=torch.float64)
-    for k, job in enumerate(tqdm(jobs, desc=desc, unit="batch")):
-        path = out_dir / f"part-{k:04d}.pt"
+    mass = (read_tensors(mass_path)["mass"] if mass_path.exists()
+            else torch.zeros(vocab, dtype=torch.float64))
+    if any(out_dir.glob("part-*.pt")):
+        log.warning("ignoring pickle data parts (part-*.pt) in %s, written by an older exactspec "
+                    "and unsafe to load; rebuilding them as safetensors", out_dir)
+    for k, job in enumerate(tqdm(jobs, desc=desc, unit="batch", disable=progress_off())):
+        path = out_dir / f"part-{k:04d}.safetensors"
         if path.exists():
-            seqs.extend(torch.load(path, weights_only=False))
+            seqs.extend(read_part(path))
             continue
         gen = torch.Generator().manual_seed(seed * 100003 + k)
         flags = [reply_is_greedy(i, r, replies) for i, r in job]
         part = generate_batch(model.model, [enc[i] for i, _ in job], hidden_layers=hidden_layers,
                               max_new_tokens=max_new_tokens, greedy=flags,
                               eos=model.eos_token_ids, generator=gen, mass=mass)
-        torch.save(part, path.with_suffix(".tmp"))
-        torch.save(mass, mass_path)
-        path.with_suffix(".tmp").rename(path)
+        write_tensors(mass_path, {"mass": mass})
+        write_part(path, part)  # last: a part on disk means its mass is counted
         seqs.extend(part)
     return seqs
 
 
 def load_parts(out_dir: Path) -> list[Sequence]:
     """Every sequence `build_corpus` wrote to `out_dir`, in part order."""
-    return [s for path in sorted(Path(out_dir).glob("part-*.pt"))
-            for s in torch.load(path, weights_only=False)]
+    return [s for path in sorted(Path(out_dir).glob("part-*.safetensors")) for s in read_part(path)]
+
+
+# --- files: safetensors + JSON metadata, never pickle (a run directory may come from anyone) ---
+
+MASS = "mass.safetensors"  # the target's p mass per token over the labelled positions
+_FIELDS = ("tokens", "feats", "final", "lse")  # Sequence's tensors, stored per sequence
+
+
+def write_tensors(path: Path, tensors: dict[str, torch.Tensor],
+                  meta: dict[str, str] | None = None) -> None:
+    """Write a safetensors file atomically (tmp + rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
+    os.replace(tmp, path)
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; InvalidValue naming the file if it is not one."""
+    return _read(path)[0]
+
+
+def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names = list(f.keys())  # safe_open is not iterable
+            return {k: f.get_tensor(k) for k in names}, dict(f.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise InvalidValue(f"{path} is not a readable safetensors file ({exc}); delete it to "
+                           "rebuild it") from exc
+
+
+def write_part(path: Path, part: list[Sequence]) -> None:
+    """One data part: each sequence's tensors as `i.tokens` ..., the rest as JSON metadata."""
+    tensors = {f"{i}.{name}": getattr(s, name) for i, s in enumerate(part) for name in _FIELDS}
+    rows = [{"prompt_len": s.prompt_len, "greedy": s.greedy} for s in part]
+    write_tensors(path, tensors, {"sequences": json.dumps(rows)})
+
+
+def read_part(path: Path) -> list[Sequence]:
+    """The sequences `write_part` stored in `path`."""
+    tensors, meta = _read(path)
+    try:
+        rows = json.loads(meta["sequences"])
+        return [Sequence(*(tensors[f"{i}.{name}"] for name in _FIELDS),
+                         prompt_len=int(r["prompt_len"]), greedy=bool(r["greedy"]))
+                for i, r in enumerate(rows)]
+    except (KeyError, ValueError, TypeError) as exc:
+        raise InvalidValue(f"{path} is not a data part written by exactspec ({exc!r}); delete it "
+                           "to rebuild it") from exc
 
 
 def draft_vocab(out_dir: Path, size: int, must: list[int]) -> torch.Tensor:  # [size] long
     """The `size` tokens carrying most of the target's mass over the training data (+ `must`)."""
-    mass = torch.load(out_dir / "mass.pt")
+    mass = read_tensors(out_dir / MASS)["mass"]
     mass[torch.tensor(must, dtype=torch.long)] = float("inf")
     size = min(size, mass.numel())
     return mass.topk(size).indices.sort().values

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from exactspec.drafters.eagle import load_drafter
 from exactspec.engine.api import generate
-from exactspec.models.loading import load
+from exactspec.models.loading import load, progress_off
 from exactspec.sampling import SamplingParams
 from exactspec.training.data import read_prompts
 
@@ -91,7 +91,7 @@ def main() -> None:
     prompts = [model.encode(p, chat=True) for p in read_prompts("heldout_prompts.txt")]
     result = {"head": a.head, "k": a.k, "threads": torch.get_num_threads(),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    for mode, temp in tqdm(MODES.items(), desc="engine eval"):
+    for mode, temp in tqdm(MODES.items(), desc="engine eval", disable=progress_off()):
         result[mode] = acceptance(model, drafter, prompts, temperature=temp, k=a.k,
                                   max_new_tokens=a.max_new_tokens)
         result[mode]["speed"] = speed(model, drafter, prompts[: a.speed_prompts],

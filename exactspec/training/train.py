@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import pickle
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,12 +23,17 @@ from tqdm.auto import tqdm
 
 from exactspec.drafters.eagle import save_head
 from exactspec.drafters.eagle_head import EagleConfig, EagleHead, num_trainable
+from exactspec.errors import InvalidValue
+from exactspec.models.loading import progress_off
 from exactspec.training.data import Sequence, batches, build_corpus, draft_vocab, read_prompts
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT = "checkpoint.pt"  # resumable state in the output directory
+CHECKPOINT = "checkpoint.pt"  # resumable state in the output directory (tensors, no objects)
+CONFIG = "train-config.json"  # the TrainConfig of the run in the output directory
 HEAD_DIR = "head"  # the trained head (load_drafter(OUT / "head"))
+# TrainConfig fields a resumed run may change: the budgets and the notes
+BUDGET_FIELDS = ("minutes", "max_steps", "checkpoint_seconds", "extra")
 
 
 @dataclass
@@ -152,11 +158,15 @@ def train_draft(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False,
     from exactspec.training.evaluate import evaluate_head, plot_losses
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / CHECKPOINT
     if ckpt_path.exists() and not resume:
-        raise ValueError(f"{ckpt_path} exists: pass --resume to continue it, or use a new --out")
-    (out / "train-config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+        raise InvalidValue(f"{ckpt_path} exists: pass --resume to continue it, or use a new --out")
+    if resume and not ckpt_path.exists():
+        raise InvalidValue(f"--resume: {out} holds no {CHECKPOINT} to continue; run without "
+                           "--resume (data already built there is reused)")
+    check_same_run(cfg, out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG).write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
     target = model if model is not None else load(cfg.model)
     tm = target.model
 
@@ -194,6 +204,41 @@ def train_draft(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False,
     return TrainResult(head_dir, state["step"], state["elapsed"], data_seconds, result, png)
 
 
+def check_same_run(cfg: TrainConfig, out: Path) -> None:
+    """InvalidValue if `out` holds data or a checkpoint of a run with other settings.
+
+    Its data parts and checkpoint would be reused as they are, silently ignoring the new
+    settings; only BUDGET_FIELDS may change between a run and its continuation.
+    """
+    saved_path = out / CONFIG
+    if not saved_path.exists() or not ((out / CHECKPOINT).exists() or (out / "data").exists()):
+        return
+    try:
+        saved = json.loads(saved_path.read_text())
+    except ValueError as exc:
+        raise InvalidValue(f"{saved_path} is not JSON ({exc}); use a new --out") from exc
+    new = cfg.to_json()
+    changed = [k for k in new if k not in BUDGET_FIELDS and saved.get(k) != new[k]]
+    if changed:
+        diffs = ", ".join(f"{k}={saved.get(k)!r} there, {new[k]!r} now" for k in changed)
+        raise InvalidValue(f"{out} holds a run with other settings ({diffs}); its data and "
+                           "checkpoint would be reused as they are: use a new --out, or the same "
+                           "settings (only --minutes and --max-steps may change)")
+
+
+def load_checkpoint(path: Path) -> dict:
+    """The checkpoint dict, read with torch.load(weights_only=True): tensors and plain
+    containers only, so a crafted file cannot run code; anything else is refused."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise InvalidValue(f"{path} holds more than tensors and plain values (refused: loading "
+                           "it could run code); delete it or use a new --out") from exc
+    except (EOFError, RuntimeError) as exc:
+        raise InvalidValue(f"{path} is not a readable checkpoint ({exc}); delete it or use a "
+                           "new --out") from exc
+
+
 def fit(head: EagleHead, target, seqs: list[Sequence], cfg: TrainConfig, ckpt_path: Path, *,
         resume: bool = False, desc: str = "train-draft") -> dict:
     """Train `head` (attached to `target`, a transformers model) on `seqs` until cfg.minutes of
@@ -204,7 +249,7 @@ def fit(head: EagleHead, target, seqs: list[Sequence], cfg: TrainConfig, ckpt_pa
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = {"step": 0, "elapsed": 0.0, "history": [], "epoch": 0}
     if resume and ckpt_path.exists():
-        ck = torch.load(ckpt_path, weights_only=False)
+        ck = load_checkpoint(ckpt_path)
         head.load_state_dict(ck["head"])
         head.attach(target)
         opt.load_state_dict(ck["opt"])
@@ -221,7 +266,7 @@ def fit(head: EagleHead, target, seqs: list[Sequence], cfg: TrainConfig, ckpt_pa
     # progress in seconds of the time budget, or in steps when only max_steps bounds the loop
     bar = tqdm(total=int(budget) if budget else cfg.max_steps,
                initial=int(min(state["elapsed"], budget)) if budget else state["step"],
-               unit="s" if budget else " steps", desc=desc,
+               unit="s" if budget else " steps", desc=desc, disable=progress_off(),
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}{unit} {postfix}")
     last_ck = time.time()
     done = False
@@ -265,5 +310,5 @@ def fit(head: EagleHead, target, seqs: list[Sequence], cfg: TrainConfig, ckpt_pa
     return state
 
 
-__all__ = ["CHECKPOINT", "HEAD_DIR", "TrainConfig", "TrainResult", "batches", "fit",
-           "train_draft"]
+__all__ = ["CHECKPOINT", "CONFIG", "HEAD_DIR", "TrainConfig", "TrainResult", "batches",
+           "check_same_run", "fit", "load_checkpoint", "train_draft"]

@@ -6,11 +6,10 @@ import itertools
 import json
 
 import pytest
-import torch
 
 from exactspec.drafters.eagle import load_drafter
 from exactspec.models.loading import Model
-from exactspec.training.train import CHECKPOINT, TrainConfig, train_draft
+from exactspec.training.train import CHECKPOINT, TrainConfig, load_checkpoint, train_draft
 from tests.engine.tiny import char_tokenizer, tiny_llama
 
 
@@ -44,12 +43,13 @@ def test_train_draft_runs_resumes_and_loads(tmp_path):
         assert got["mean_acceptance_length"] == pytest.approx(1 + sum(first_k), abs=1e-3)
     with pytest.raises(ValueError, match="--resume"):
         train_draft(config(5), tmp_path, model=model)
-    data_parts = sorted(p.name for p in (tmp_path / "data" / "train").glob("part-*.pt"))
+    data_parts = sorted(p.name for p in (tmp_path / "data" / "train").glob("part-*.safetensors"))
+    assert data_parts and not any((tmp_path / "data").rglob("*.pt"))  # no pickles written
     second = train_draft(config(5), tmp_path, resume=True, model=model)
     assert second.steps == 5  # continued from step 3, not restarted
-    ck = torch.load(tmp_path / CHECKPOINT, weights_only=False)
+    ck = load_checkpoint(tmp_path / CHECKPOINT)
     assert [h["step"] for h in ck["state"]["history"]] == [1, 2, 3, 4, 5]
-    assert sorted(p.name for p in (tmp_path / "data" / "train").glob("part-*.pt")) == data_parts
+    assert sorted(p.name for p in (tmp_path / "data" / "train").glob("part-*.safetensors")) == data_parts
     drafter = load_drafter(tmp_path / "head", target=model)
     assert drafter.hidden_layers == (1, -1)
     assert drafter.head.config.meta["steps"] == 5
