@@ -15,7 +15,7 @@ from exactspec.models.loading import Model
 from exactspec.sampling import SamplingParams
 
 SEED_LIMIT = 1 << 63  # seeds are ints in [0, 2**63), as SamplingParams takes them
-MAX_N = 16  # choices per request
+MAX_N = 128  # choices per request (OpenAI's limit)
 MAX_TOP_LOGPROBS_CHAT = 20  # OpenAI's limit for chat top_logprobs
 MAX_LOGPROBS_TEXT = 5  # OpenAI's limit for text completions' logprobs
 MAX_STOP = 4  # OpenAI's limit on stop strings

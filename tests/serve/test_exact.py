@@ -1,0 +1,161 @@
+"""Exactness under load: the server's outputs are the target's law, and greedy is plain greedy.
+
+Statistical test (alpha = 1e-6, fixed seeds), as tests/audit/test_engine_lossless.py: 125
+concurrent seeded requests of n=64 choices each (8000 samples) for one prompt on a tiny random
+Llama with an 8-token vocabulary, speculating with a draft model; the first N tokens' joint
+law is compared by chi-square with the exact law from full forward passes of the target. The
+same test fails on two deliberately wrong servers: a wrong residual in verification (power
+computed from its exact law), and a server that gives every choice of a request the same
+random stream (its counts come in multiples of 64, so the statistic is about 64 times a
+chi-square(dof) variable and exceeds the threshold, about dof + 5 sqrt(2 dof), with certainty).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import replace
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+import exactspec as es
+from exactspec.audit import output_law, power, target_law
+from exactspec.audit.pitfalls import ResidualFromTarget, WrongResidual, wrong_verify
+from exactspec.audit.samplers import sequence_ids
+from exactspec.audit.stats import bincount, chi_square
+from exactspec.audit.world import logits_table, model_world
+from exactspec.models.loading import Model
+from tests.audit.test_engine_lossless import FILTERED, PROMPT, K, N, V, tiny_llama
+from tests.engine.tiny import char_tokenizer, perturbed
+from tests.engine.tiny import tiny_llama as char_llama
+from tests.serve.conftest import NAME, client, openai, start
+
+REQUESTS, PER_REQUEST = 125, 64  # 8000 samples, as the engine's own test
+SYMBOLS = "abcdefgh"  # one character per token id of the V = 8 vocabulary
+
+
+def symbol_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(SYMBOLS)}, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+@pytest.fixture(scope="module")
+def world():
+    target, draft = tiny_llama(0), tiny_llama(1)
+
+    def table(model):
+        return logits_table(lambda ids: model(ids).logits, PROMPT, V, N + K)
+
+    law_world = model_world(table(target), table(draft), V, N + K, FILTERED, PROMPT)
+    return Model(target, symbol_tokenizer(), "tiny-8"), draft, law_world
+
+
+def _counts(srv, requests: int = REQUESTS) -> torch.Tensor:
+    """Counts [V**N] of the first N tokens of every choice of `requests` concurrent requests."""
+    async def ask(c, seed):
+        r = await c.completions.create(
+            model=NAME, prompt=PROMPT, max_tokens=N + K, n=PER_REQUEST, seed=seed,
+            temperature=FILTERED.temperature, top_p=FILTERED.top_p,
+            extra_body={"top_k": FILTERED.top_k})
+        return [ch.text for ch in r.choices]
+
+    async def main():
+        async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0,
+                                      timeout=120) as c:
+            return await asyncio.gather(*(ask(c, 1000 + i) for i in range(requests)))
+
+    texts = [t for request in asyncio.run(main()) for t in request]
+    assert len(texts) == requests * PER_REQUEST
+    seqs = torch.tensor([[SYMBOLS.index(ch) for ch in t[:N]] for t in texts])  # [ROWS, N]
+    return bincount(sequence_ids(seqs, V), V**N)
+
+
+def _server(world, **engine):
+    model, draft, _ = world
+    return start(model, es.DraftModel(draft),
+                 engine={"max_batch": 2048, "max_queue": REQUESTS, "num_draft_tokens": K,
+                         **engine})
+
+
+def test_concurrent_requests_follow_the_target_law(world):
+    with _server(world) as srv:
+        counts = _counts(srv)
+        accepted = srv.app.state.metrics.accepted_tokens
+        steps = srv.app.state.metrics.steps
+    assert accepted > REQUESTS * PER_REQUEST // 10  # drafts were really used
+    assert steps < 10 * (N + K)  # concurrent requests shared batches (one batch = N + K steps)
+    result = chi_square(counts, target_law(world[2], N))
+    assert result.dof > 30 and not result.rejected, result
+
+
+def test_a_server_with_a_wrong_verify_is_caught(world):
+    target = target_law(world[2], N)
+    wrong = output_law(world[2], WrongResidual("token", K, ResidualFromTarget, "from p"), N)
+    assert power(target, wrong, REQUESTS * PER_REQUEST) > 1 - 1e-6
+    with _server(world, verify=wrong_verify(ResidualFromTarget)) as srv:
+        counts = _counts(srv)
+    assert chi_square(counts, target).rejected
+    assert not chi_square(counts, wrong).rejected  # the server did run the modelled sampler
+
+
+def test_a_server_reusing_one_stream_per_request_is_caught(world):
+    with _server(world) as srv:
+        engine, submit = srv.engine, srv.engine.submit
+
+        def one_stream(spec, loop):  # the bug: every choice gets choice 0's stream
+            sub = submit(spec, loop)
+            for c in sub.choices:
+                c.seed = sub.choices[0].seed
+            return sub
+
+        engine.submit = one_stream
+        counts = _counts(srv, REQUESTS // 4)  # 31 draws, 64 copies of each
+    assert chi_square(counts, target_law(world[2], N)).rejected
+
+
+@pytest.fixture(scope="module")
+def char_model():
+    return Model(char_llama(3, eos=0), char_tokenizer(), "tiny-char")
+
+
+@pytest.mark.parametrize("drafter", ["plain", "prompt lookup", "draft model"])
+def test_greedy_through_the_server_is_plain_greedy(char_model, drafter):
+    make = {"plain": lambda: None, "prompt lookup": es.PromptLookup,
+            "draft model": lambda: es.DraftModel(perturbed(char_model.model, 0.3))}[drafter]
+    asks = [("abcabcabc", 30), ("hello hello", 17), ("zz", 30), ("the cat sat on the", 9),
+            ("a", 25), ("abcabcabc", 17)]
+    out: dict[int, object] = {}
+    with start(char_model, make(), engine={"max_batch": 8}) as srv:
+        c = client(srv)
+
+        def ask(i, prompt, m):
+            out[i] = c.completions.create(model=NAME, prompt=prompt, max_tokens=m, temperature=0)
+
+        threads = [threading.Thread(target=ask, args=(i, *a)) for i, a in enumerate(asks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    greedy = es.SamplingParams(temperature=0)
+    for i, (prompt, m) in enumerate(asks):
+        (g,) = es.generate(char_model, [prompt], params=greedy, max_new_tokens=m)
+        r = out[i]
+        assert r.choices[0].text == g.text, (prompt, drafter)
+        assert r.usage.completion_tokens == len(g.token_ids)  # the same tokens, EOS included
+        assert r.choices[0].finish_reason == ("length" if g.finish_reason == "length" else "stop")
+
+
+def test_seeded_request_alone_equals_generate_with_a_drafter(char_model):
+    params = replace(FILTERED, seed=77)
+    with start(char_model, es.PromptLookup()) as srv:
+        r = client(srv).completions.create(model=NAME, prompt="abcabcab", max_tokens=20, n=3,
+                                           seed=77, temperature=params.temperature,
+                                           top_p=params.top_p, extra_body={"top_k": params.top_k})
+    gens = es.generate(char_model, ["abcabcab"] * 3, drafter=es.PromptLookup(), params=params,
+                       max_new_tokens=20)
+    assert [ch.text for ch in r.choices] == [g.text for g in gens]
