@@ -23,7 +23,8 @@ from exactspec.cli.common import ArgumentError, Parser, UsageError, names_user_f
 from exactspec.errors import UserError
 
 # subcommand modules of exactspec.cli, in --help order; each has add(sub) and run(args)
-SUBCOMMANDS = ("explain", "audit", "generate", "train_draft", "bench", "batch")
+SUBCOMMANDS = ("explain", "audit", "generate", "train_draft", "bench", "batch", "serve",
+               "bench_serve")
 
 __all__ = ["SUBCOMMANDS", "UsageError", "build_parser", "main", "run_audit"]
 
