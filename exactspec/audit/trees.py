@@ -141,7 +141,7 @@ class TreeScheme:
         block = (path_tokens * v ** torch.arange(d - 1, -1, -1)).sum(-1)  # [R, N+1]
         ctx = live // n_trees
         weight = prob[live, None] * law.terminal_probs  # [R, N+1]
-        extra = normalise(law.residuals.to(torch.float64))  # [R, N+1, V]
+        extra = normalise(law.residuals().to(torch.float64))  # [R, N+1, V]
         out = torch.zeros(n_ctx * v**d, d + 1, v, dtype=torch.float64)
         out.index_put_(((ctx[:, None] * v**d + block).reshape(-1), depth.reshape(-1)),
                        (weight[..., None] * extra).reshape(-1, v), accumulate=True)
@@ -196,13 +196,8 @@ class TreeScheme:
         return verdict.tokens, verdict.num_accepted
 
 
-def _unnormalised_token_step(w, p, q, x):
-    """Wrong: the next sibling is compared against max(P - q, 0), not its normalisation."""
-    a, res, _, w_after = token_step(w, p, q, x)
-    return a, res, res, w_after
-
-
-UNNORMALISED = SiblingRule("residual not renormalised", _unnormalised_token_step, False)
+# wrong: after a rejected sibling the next one is compared against max(P - q, 0) itself
+UNNORMALISED = SiblingRule("residual not renormalised", token_step, False, carry=lambda res: res)
 
 
 @dataclass

@@ -55,10 +55,16 @@ from exactspec.sampling.tree import DraftTree
 TREE_METHODS = ("token", "traversal", "greedy")
 
 Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-                tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+                tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 # step(w [R] f64, P [R, V], q [R, V], x [R]) -> (a [R] f64: acceptance / initial weight of the
-#   node, residual [R, V] unnormalised: the parent's extra-token weights once it fails,
-#   next [R, V]: the parent's P for its next child, w_after [R] f64: the parent's next weight)
+#   node, residual [R, V] unnormalised: the parent's extra-token weights once the node failed,
+#   w_after [R] f64: the parent's weight for its next child)
+
+
+def renormalise(res: torch.Tensor) -> torch.Tensor:  # [R, V] -> [R, V]
+    """The parent's P for its next child: norm(residual); a row without mass stays zero (it is
+    reached only through rounding: then no later sibling is accepted and the extra token is p)."""
+    return res / res.sum(-1, keepdim=True).clamp(min=1e-30)
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,7 @@ class SiblingRule:
     name: str  # "token" | "traversal" | a deliberately wrong variant's label
     step: Step  # the per-node update, see `Step`
     post_order: bool  # True: traversal's leaf-to-root law; False: the top-down token law
+    carry: Callable[[torch.Tensor], torch.Tensor] = renormalise  # residual -> next child's P
 
 
 @dataclass
@@ -88,13 +95,34 @@ class TreeLaw:
     """The exact law of one tree verification step, given the tree.
 
     terminal_probs[b, 0] = P(nothing accepted), terminal_probs[b, i+1] = P(node i is the last
-    accepted node); given the terminal the extra token is drawn from `residuals` normalised.
+    accepted node); given the terminal t the extra token is drawn from `residual(t)` normalised.
     """
 
     method: str  # "token" | "traversal" | "greedy" (or a wrong variant's label)
     terminal_probs: torch.Tensor  # [B, N+1] float64, rows sum to 1
-    residuals: torch.Tensor  # [B, N+1, V] unnormalised extra-token weights per terminal
+    target_probs: torch.Tensor  # [B, N+1, V]
     tree: DraftTree  # the verified tree
+    failed: torch.Tensor | None  # [B, N, V]: node i's parent's residual once i failed (greedy: None)
+
+    def residual(self, t: torch.Tensor) -> torch.Tensor:  # t [B] in 0..N (0 = root) -> [B, V]
+        """Unnormalised weights of the extra token after terminal t: the residual left by t's
+        last child, or p after t (the bonus) when t has no children; p if no mass is left."""
+        rows = torch.arange(t.shape[0], device=t.device)
+        p_t = self.target_probs[rows, t]  # [B, V] a copy
+        if self.method == "greedy":
+            return torch.nn.functional.one_hot(p_t.argmax(-1), p_t.shape[-1]).to(p_t.dtype)
+        if self.failed is None or not self.failed.shape[1]:
+            return p_t
+        last = self.tree.shape.last_child[rows, t]  # [B]
+        out = torch.where((last >= 0)[:, None], self.failed[rows, last.clamp(min=0)], p_t)
+        return torch.where((out.sum(-1) > 0)[:, None], out, p_t)
+
+    def residuals(self) -> torch.Tensor:  # [B, N+1, V]
+        """`residual` for every terminal at once (the audit enumerates them all)."""
+        bsz, n1 = self.terminal_probs.shape
+        dev = self.terminal_probs.device
+        return torch.stack([self.residual(torch.full((bsz,), t, dtype=torch.long, device=dev))
+                            for t in range(n1)], 1)
 
     def draw(self, generator: Randomness = None) -> TreeVerdict:
         """One float64 uniform picks t from its law, one more the extra token (inverse CDF)."""
@@ -103,12 +131,12 @@ class TreeLaw:
         rows = torch.arange(bsz, device=dev)
         if self.method == "greedy":
             t = self.terminal_probs.argmax(-1)
-            extra = self.residuals[rows, t].argmax(-1)
+            extra = self.target_probs[rows, t].argmax(-1)
         else:
             u = uniforms(generator, bsz, 2, DOMAIN_ACCEPT, dev)  # [B, 2], as verify draws
             t = sample_from_weights(self.terminal_probs, u[:, 0])
             v = uniforms(generator, bsz, 1, DOMAIN_RESAMPLE, dev)[:, 0]
-            extra = sample_from_weights(self.residuals[rows, t], v)
+            extra = sample_from_weights(self.residual(t), v)
         path = self.tree.shape.paths()[rows, t]  # [B, N]
         n = (path >= 0).long().sum(1)
         k = self.tree.num_nodes
@@ -118,12 +146,6 @@ class TreeLaw:
         return TreeVerdict(tokens=tokens, path=path, num_accepted=n)
 
 
-def _normalise(res: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:  # [R, V]
-    """res / sum(res); rows without mass (reached only through rounding) keep `fallback`."""
-    total = res.sum(-1, keepdim=True)
-    return torch.where(total > 0, res / total.clamp(min=1e-300), fallback)
-
-
 def _ratio(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """P(x) and q(x) in float64 ([R] each)."""
     return (p.gather(1, x[:, None])[:, 0].to(torch.float64),
@@ -131,20 +153,19 @@ def _ratio(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> tuple[torch.Ten
 
 
 def token_step(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor):
-    """a = min(1, P(x)/q(x)); after a rejection P <- norm(max(P - q, 0))."""
+    """a = min(1, P(x)/q(x)); after a rejection the residual max(P - q, 0)."""
     px, qx = _ratio(p, q, x)
-    res = (p - q).clamp(min=0.0)
-    return torch.clamp(px / qx, max=1.0), res, _normalise(res, p), torch.ones_like(w)
+    return torch.clamp(px / qx, max=1.0), (p - q).clamp(min=0.0), torch.ones_like(w)
 
 
 def traversal_step(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor):
-    """w_i = min(1, w P(x)/q(x)); after a failure P <- norm(max(w P - q, 0)), w <- S/(S+1-w)."""
+    """w_i = min(1, w P(x)/q(x)); after a failure the residual max(w P - q, 0), w <- S/(S+1-w)."""
     px, qx = _ratio(p, q, x)
     res = (w.to(p.dtype)[:, None] * p - q).clamp(min=0.0)
     s = res.sum(-1).to(torch.float64)
     den = s + (1.0 - w)
     w_after = torch.where(den > 0, s / den.clamp(min=1e-300), torch.zeros_like(s))
-    return torch.clamp(w * px / qx, max=1.0), res, _normalise(res, p), w_after
+    return torch.clamp(w * px / qx, max=1.0), res, w_after
 
 
 RULES = {"token": SiblingRule("token", token_step, False),
@@ -189,27 +210,32 @@ def verify_tree(
     return law.draw(generator)
 
 
-def conditional_q(tree: DraftTree, dtype: torch.dtype, vocab: int) -> torch.Tensor:  # [B, N, V]
-    """Each node's law given the siblings drawn before it (see the module docstring)."""
-    x = tree.tokens.clamp(min=0)
+def conditional_q(tree: DraftTree, b: torch.Tensor, i: torch.Tensor, dtype: torch.dtype,
+                  vocab: int) -> torch.Tensor:  # [R, V]
+    """Node (b, i)'s law given the siblings drawn before it (see the module docstring)."""
+    x = tree.tokens[b, i]
     if tree.siblings == "deterministic":
         return torch.nn.functional.one_hot(x, vocab).to(dtype)
-    q = tree.draft_probs
+    q = tree.draft_probs[b, i].to(dtype)  # [R, V] a copy
     if tree.siblings == "iid":
         return q
-    earlier = tree.shape.earlier  # [B, N, N]
-    bsz, n = x.shape
-    removed = torch.zeros(bsz, n, vocab, dtype=q.dtype, device=q.device)
-    removed.scatter_add_(2, x[:, None, :].expand(bsz, n, n), earlier.to(q.dtype))
+    earlier = tree.shape.earlier[b, i]  # [R, N]
+    rows = earlier.any(-1)
+    if not rows.any():
+        return q
+    removed = torch.zeros_like(q).scatter_add_(1, tree.tokens[b].clamp(min=0),
+                                               earlier.to(dtype))  # [R, V]
     kept = q.masked_fill(removed > 0, 0.0)
-    return torch.where(earlier.any(-1)[..., None], _normalise(kept, kept), q)
+    return torch.where(rows[:, None], renormalise(kept), q)
 
 
 def rule_law(rule: SiblingRule, target_probs: torch.Tensor, tree: DraftTree, *,
              check: bool = True) -> TreeLaw:
     """The exact law of `rule` on `tree`: one batched scan over the nodes, level by level.
 
-    Exposed so the audit can run deliberately wrong rules through the same machinery.
+    Level = 1 + the later of the parent's and the previous sibling's levels, so each level's
+    nodes find their parent's weight and their previous sibling's residual computed. Exposed so
+    the audit can run deliberately wrong rules through the same machinery.
     """
     p = target_probs
     _check_inputs(p, tree, values=check)
@@ -217,36 +243,33 @@ def rule_law(rule: SiblingRule, target_probs: torch.Tensor, tree: DraftTree, *,
     bsz, n = tree.tokens.shape
     vocab = p.shape[-1]
     dev = p.device
-    x = tree.tokens.clamp(min=0)
-    q = conditional_q(tree, p.dtype, vocab).to(p.dtype)  # [B, N, V]
-    if n and ((q.gather(2, x[..., None])[..., 0] <= 0) & shape.valid).any():
-        raise InvalidValue(_zero_q_message(tree.siblings))
     accept = torch.zeros(bsz, n, dtype=torch.float64, device=dev)  # a_i or w_i
     w_after = torch.zeros(bsz, n, dtype=torch.float64, device=dev)
-    res = torch.zeros(bsz, n, vocab, dtype=p.dtype, device=dev)
-    nxt = torch.zeros(bsz, n, vocab, dtype=p.dtype, device=dev)
+    failed = torch.zeros(bsz, n, vocab, dtype=p.dtype, device=dev)
+    zero_q = False
     for level in range(int(shape.order.max()) + 1 if n else 0):
         b, i = (shape.order == level).nonzero(as_tuple=True)
         par, prv = shape.parents[b, i], shape.prev[b, i]
-        first = prv < 0
-        prv = prv.clamp(min=0)
-        p_before = torch.where(first[:, None], p[b, par + 1], nxt[b, prv])  # [R, V]
-        w_root = torch.where(par >= 0, accept[b, par.clamp(min=0)], torch.ones_like(w_after[b, i]))
-        w_before = torch.where(first, w_root, w_after[b, prv])  # [R]
-        a, r, nx, wa = rule.step(w_before, p_before, q[b, i], x[b, i])
-        accept[b, i], res[b, i], nxt[b, i], w_after[b, i] = a, r, nx, wa
-    rows = torch.arange(bsz, device=dev)[:, None]
-    last = shape.last_child  # [B, N+1]
-    has = last >= 0
-    lc = last.clamp(min=0)
-    residuals = torch.where(has[..., None], res[rows, lc], p) if n else p.clone()
-    residuals = torch.where((residuals.sum(-1) > 0)[..., None], residuals, p)
+        later = prv >= 0
+        p_before = p[b, par + 1]  # [R, V]: a first child is tried against p after its parent
+        if later.any():  # later siblings against the carried residual of the previous one
+            p_before[later] = rule.carry(failed[b[later], prv[later]])
+        w_root = torch.where(par >= 0, accept[b, par.clamp(min=0)], 1.0)
+        w_before = torch.where(later, w_after[b, prv.clamp(min=0)], w_root)  # [R]
+        q = conditional_q(tree, b, i, p.dtype, vocab)  # [R, V]
+        x = tree.tokens[b, i]
+        zero_q |= bool((q.gather(1, x[:, None]) <= 0).any())
+        accept[b, i], failed[b, i], w_after[b, i] = rule.step(w_before, p_before, q, x)
+    if zero_q:
+        raise InvalidValue(_zero_q_message(tree.siblings))
     if rule.post_order:
-        final = torch.where(has[:, 1:], w_after[rows, lc[:, 1:]], accept)  # [B, N]
+        last = shape.last_child[:, 1:]  # [B, N]
+        rows = torch.arange(bsz, device=dev)[:, None]
+        final = torch.where(last >= 0, w_after[rows, last.clamp(min=0)], accept)  # [B, N]
         probs = _post_order_law(final, shape)
     else:
         probs = _top_down_law(accept, tree)
-    return TreeLaw(rule.name, probs, residuals, tree)
+    return TreeLaw(rule.name, probs, p, tree, failed)
 
 
 def _top_down_law(accept: torch.Tensor, tree: DraftTree) -> torch.Tensor:  # [B, N+1] float64
@@ -290,8 +313,7 @@ def _greedy_law(p: torch.Tensor, tree: DraftTree) -> TreeLaw:
     t = torch.where(on.any(-1), deepest.argmax(-1) + 1, 0) if n else \
         torch.zeros(bsz, dtype=torch.long, device=p.device)
     probs = torch.nn.functional.one_hot(t, n + 1).to(torch.float64)
-    residuals = torch.nn.functional.one_hot(top, p.shape[-1]).to(p.dtype)  # [B, N+1, V]
-    return TreeLaw("greedy", probs, residuals, tree)
+    return TreeLaw("greedy", probs, p, tree, None)
 
 
 def _zero_q_message(kind: str) -> str:
