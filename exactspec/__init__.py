@@ -21,6 +21,7 @@ _LAZY: dict[str, str] = {
     "Drafter": "exactspec.drafters",
     "EagleDrafter": "exactspec.drafters",
     "PromptLookup": "exactspec.drafters",
+    "QuantizedDraft": "exactspec.drafters",
     "TargetInfo": "exactspec.drafters",
     "load_drafter": "exactspec.drafters",
     "Generation": "exactspec.engine",

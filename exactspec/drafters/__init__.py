@@ -4,7 +4,8 @@ from exactspec.drafters.base import DraftContext, Drafter, TargetInfo
 from exactspec.drafters.draft_model import DraftModel
 from exactspec.drafters.eagle import EagleDrafter, load_drafter
 from exactspec.drafters.prompt_lookup import PromptLookup
+from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.drafters.suffix import SuffixDrafter
 
-__all__ = ["DraftContext", "DraftModel", "Drafter", "EagleDrafter", "PromptLookup", "SuffixDrafter",
-           "TargetInfo", "load_drafter"]
+__all__ = ["DraftContext", "DraftModel", "Drafter", "EagleDrafter", "PromptLookup",
+           "QuantizedDraft", "SuffixDrafter", "TargetInfo", "load_drafter"]

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from exactspec.models.cache import SlotCache
-from exactspec.models.formats import FORMATS, Matrix, activation_dtype, make_matrix
+from exactspec.models.formats import FORMATS, Matrix, make_matrix
 
 
 class LeanLlama:
@@ -27,9 +27,8 @@ class LeanLlama:
     copy), RoPE applied to q and k in one go, `rms_norm` as one op, a boolean mask only when
     rows are ragged or several tokens are fed. `fmt` picks the weight format (see formats.py
     for the kernel each uses and why); `layers` keeps only those decoder layers (layer-skipping
-    self-speculation: a draft, not the target). Activations run in float32 for float32 weights
-    and in bfloat16 otherwise; logits are returned in float32, so p and q are always
-    standardized in float32. In float32 the results agree with transformers' forward to float
+    self-speculation: a draft, not the target). Activations run in the model's own dtype;
+    logits are returned in float32, so p and q are always standardized in float32. In float32 the results agree with transformers' forward to float
     rounding (tested).
     """
 
@@ -45,7 +44,10 @@ class LeanLlama:
         self._model = weakref.ref(model)  # weak: the cache below is keyed by the model
         self.fmt = fmt  # weight format of every product
         self.group_size = group_size  # int4 group along the input dimension
-        self.dtype = activation_dtype(fmt)  # activations and KV cache dtype
+        # activations and KV cache in the model's own dtype (float32, or bfloat16 for a bf16
+        # model): a quantized draft casts only each product's input, since bf16 attention and
+        # norms are slow on CPUs without native bf16 (SDPA 433 vs 66 us a layer, AVX2)
+        self.dtype = next(model.parameters()).dtype
         self.rotary = inner.rotary_emb  # the model's own RoPE (scaling variants included)
         self.embed = inner.embed_tokens  # shared with the model (no copy)
         self.heads = cfg.num_attention_heads

@@ -23,7 +23,10 @@ from exactspec.audit.world import World, logits_table, model_world, standardize
 from exactspec.drafters import DraftModel, PromptLookup
 from exactspec.drafters.eagle import EagleDrafter
 from exactspec.drafters.eagle_head import EagleConfig, EagleHead
+from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.engine import generate
+from exactspec.models.adapter import TargetAdapter
+from exactspec.models.lean import lean_forward_for
 from exactspec.sampling import SamplingParams
 
 V, N, K = 8, 3, 2  # vocabulary, generated tokens compared (512 outcomes), drafts per step
@@ -94,11 +97,18 @@ def eagle(target, vocab_ids: torch.Tensor | None = None) -> EagleDrafter:
     pytest.param("eagle-5", FILTERED, "block", id="eagle-reduced-vocab-block"),
     pytest.param("prompt lookup", FILTERED, "token", id="lookup-filtered-token"),
     pytest.param("prompt lookup", PENALISED, "block", id="lookup-penalised-block"),
+    pytest.param("int8", FILTERED, "token", id="quantized-int8-filtered-token"),
+    pytest.param("int8", PENALISED, "block", id="quantized-int8-penalised-block"),
+    pytest.param("int4", FILTERED, "block", id="quantized-int4-filtered-block"),
+    pytest.param("int4", PENALISED, "token", id="quantized-int4-penalised-token"),
+    pytest.param("int8-layer1", FILTERED, "token", id="quantized-int8-one-layer-token"),
 ])
 def test_generate_matches_the_target(models, drafter, params, method):
     make = {"draft model": lambda: DraftModel(models[1]), "prompt lookup": PromptLookup,
             "eagle": lambda: eagle(models[0]),
-            "eagle-5": lambda: eagle(models[0], torch.tensor([0, 1, 2, 3, 5]))}[drafter]
+            "eagle-5": lambda: eagle(models[0], torch.tensor([0, 1, 2, 3, 5])),
+            "int8": lambda: QuantizedDraft(8), "int4": lambda: QuantizedDraft(4),
+            "int8-layer1": lambda: QuantizedDraft(8, layers=[1])}[drafter]
     counts, accepted = _counts(models, make(), params, method, seed=5)
     assert accepted > ROWS // 10  # drafts were really used, not only bonus tokens
     result = chi_square(counts, target_law(_world(models, params), N))
@@ -125,6 +135,8 @@ class HotDrafter:
     q at T is recovered from the T = 1 draw as q1^(1/T) normalised (no filters are active), so
     the reported q is the draft model's standardized distribution, but not the one it drew from.
     """
+
+    hidden_layers = None  # needs no target features
 
     def __init__(self, inner: DraftModel) -> None:
         self.inner = inner
@@ -153,5 +165,37 @@ def test_a_wrong_drafter_in_the_engine_is_caught(models):
     wrong = output_law(bad, Speculative("token", K), N)
     assert power(target, wrong, ROWS) > 1 - 1e-6
     counts, _ = _counts(models, HotDrafter(DraftModel(models[1])), TEMPERATURE, "token", seed=7)
+    assert chi_square(counts, target).rejected
+    assert not chi_square(counts, wrong).rejected
+
+
+def lean_logits(model, fmt: str, layers=None):
+    """forward(ids [N, T]) -> logits [N, T, V] of `model`'s lean forward in weight format `fmt`."""
+    lean = lean_forward_for(model, fmt, layers=layers)
+
+    def forward(ids: torch.Tensor) -> torch.Tensor:
+        ad = TargetAdapter(model, forward=lean)
+        ad.prefill([[] for _ in range(ids.shape[0])])
+        return ad.extend(ids)
+
+    return forward
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_wrong_quantized_drafter_in_the_engine_is_caught(models, bits):
+    """The quantized self-draft reporting q at the target's temperature while drawing at 1.0:
+    its exact wrong law (from the quantized forward's own logits) is rejected end to end."""
+    target_model, _, target_logits, _ = models
+    depth = N + K
+    q_logits = logits_table(lean_logits(target_model, QuantizedDraft(bits).fmt), PROMPT, V, depth)
+    good = model_world(target_logits, q_logits, V, depth, TEMPERATURE, PROMPT)
+    drawn = standardize(q_logits, V, depth, SamplingParams(), tuple(PROMPT))
+    bad = World("hot quantized drafter", V, depth, good.target, drawn, good.claimed)
+    target = target_law(good, N)
+    wrong = output_law(bad, Speculative("token", K), N)
+    assert power(target, wrong, ROWS) > 1 - 1e-6
+    counts, accepted = _counts(models, HotDrafter(QuantizedDraft(bits)), TEMPERATURE, "token",
+                               seed=8)
+    assert accepted > ROWS // 10
     assert chi_square(counts, target).rejected
     assert not chi_square(counts, wrong).rejected

@@ -6,6 +6,7 @@ import pytest
 
 from exactspec import SamplingParams
 from exactspec.drafters import DraftModel, PromptLookup
+from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.engine import generate
 from tests.engine.tiny import contrarian, perturbed, tiny_llama
 
@@ -29,10 +30,14 @@ def _drafters(target):
         "contrarian": DraftModel(contrarian(target)),  # never agrees
         "perturbed": DraftModel(perturbed(target, 0.3)),  # agrees partly
         "prompt-lookup": PromptLookup(1, 3),
+        "int8": QuantizedDraft(8),  # the target itself, quantized: agrees nearly always
+        "int4": QuantizedDraft(4),
+        "int8-one-layer": QuantizedDraft(8, layers=[1]),  # layer skipping: agrees partly
     }
 
 
-@pytest.mark.parametrize("name", ["self", "contrarian", "perturbed", "prompt-lookup"])
+@pytest.mark.parametrize("name", ["self", "contrarian", "perturbed", "prompt-lookup", "int8",
+                                  "int4", "int8-one-layer"])
 @pytest.mark.parametrize("k", [1, 4, "auto"])
 def test_greedy_speculative_equals_plain(target, plain, name, k):
     drafter = _drafters(target)[name]
@@ -45,8 +50,10 @@ def test_greedy_speculative_equals_plain(target, plain, name, k):
         assert accepted == drafted > 0
     if name == "contrarian":
         assert accepted == 0 and drafted > 0
-    if name == "perturbed":
+    if name in ("perturbed", "int8-one-layer"):
         assert 0 < accepted < drafted
+    if name in ("int8", "int4"):
+        assert accepted > drafted // 2
 
 
 @pytest.mark.parametrize("verify", ["token", "block", "greedy"])
