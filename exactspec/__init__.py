@@ -24,6 +24,7 @@ _LAZY: dict[str, str] = {
     "QuantizedDraft": "exactspec.drafters",
     "TargetInfo": "exactspec.drafters",
     "load_drafter": "exactspec.drafters",
+    "Engine": "exactspec.engine.session",
     "Generation": "exactspec.engine",
     "GenerationStats": "exactspec.engine",
     "TextStream": "exactspec.engine",
