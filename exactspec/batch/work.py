@@ -22,11 +22,8 @@ STATS_KEYS = ("steps", "drafted", "accepted", "emitted", "acceptance_rate",
 
 
 def _quantized(target: Model, arg: str):
-    try:
-        from exactspec.drafters import QuantizedDraft
-    except ImportError:
-        raise InvalidValue("--quantized-draft needs exactspec.QuantizedDraft, which this "
-                           "build does not have yet; use --prompt-lookup or no drafter") from None
+    from exactspec.drafters import QuantizedDraft
+
     return QuantizedDraft(bits=int(arg))
 
 

@@ -38,7 +38,7 @@ def add(sub) -> None:
     drafters = p.add_mutually_exclusive_group()
     drafters.add_argument("--quantized-draft", metavar="BITS", nargs="?", const="8",
                           default=None, help="draft with the target itself, weight-only "
-                          "quantized (default 8 bits)")
+                          "quantized: 8 (int8, the default), 4 (int4) or 16 (bfloat16) bits")
     drafters.add_argument("--prompt-lookup", action="store_true",
                           help="draft by copying n-grams from the prompt and output")
     drafters.add_argument("--draft", metavar="MODEL", default=None,
@@ -85,8 +85,9 @@ def add(sub) -> None:
 
 def _drafter(args: argparse.Namespace) -> tuple[str, str] | None:
     if args.quantized_draft is not None:
-        if args.quantized_draft not in ("4", "8"):
-            raise UsageError(f"--quantized-draft takes 4 or 8 bits, got {args.quantized_draft}")
+        if args.quantized_draft not in ("4", "8", "16"):
+            raise UsageError(f"--quantized-draft takes 8 (int8), 4 (int4) or 16 (bfloat16) "
+                             f"bits, got {args.quantized_draft}")
         return ("quantized", args.quantized_draft)
     if args.prompt_lookup:
         return ("prompt-lookup", "")

@@ -18,7 +18,7 @@ from exactspec.audit import power, target_law
 from exactspec.audit.samplers import sequence_ids
 from exactspec.audit.stats import bincount, chi_square
 from exactspec.audit.world import logits_table, model_world
-from exactspec.drafters import DraftModel
+from exactspec.drafters import DraftModel, QuantizedDraft
 from exactspec.engine.session import Engine
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.sampling import SamplingParams, probs_from_logits
@@ -55,15 +55,17 @@ def _counts(engine: Engine, seed: int) -> tuple[torch.Tensor, int]:
     return bincount(sequence_ids(seqs, V), V**N), sum(g.stats.accepted for g in gens)
 
 
-def test_update_weights_moves_the_samples_to_the_new_law(laws):
+@pytest.mark.parametrize("draft", ["stale draft model", "quantized self-draft"])
+def test_update_weights_moves_the_samples_to_the_new_law(laws, draft):
     old_law, new_law = laws
     assert power(old_law, new_law, ROWS) > 1 - 1e-6  # ROWS suffices to tell the laws apart
     assert power(new_law, old_law, ROWS) > 1 - 1e-6
     assert power(new_law, 0.95 * new_law + 0.05 * old_law, ROWS) > 1 - 1e-6  # a partial update
     target = policy(0)
     params_before = [p for p in target.parameters()]
-    engine = Engine(target, DraftModel(policy(0)), PARAMS, max_new_tokens=N + K,
-                    num_draft_tokens=K, batch_size=ROWS)  # the draft keeps the old weights
+    drafter = DraftModel(policy(0)) if draft == "stale draft model" else QuantizedDraft(8)
+    engine = Engine(target, drafter, PARAMS, max_new_tokens=N + K, num_draft_tokens=K,
+                    batch_size=ROWS)  # a draft model keeps the old weights; QuantizedDraft not
     before, _ = _counts(engine, seed=1)
     assert not chi_square(before, old_law).rejected
     assert chi_square(before, new_law).rejected  # the old policy's samples fail the new law
@@ -88,6 +90,22 @@ def test_a_draft_built_on_the_target_follows_the_update():
                    num_draft_tokens=K)  # the same new target with the old weights as draft
     gens = stale.generate([PROMPT], n=50, params=replace(PARAMS, seed=3))[0]
     assert sum(g.stats.accepted for g in gens) < sum(g.stats.drafted for g in gens)
+
+
+def test_the_quantized_self_draft_is_rebuilt_from_the_new_weights():
+    """After an update, the engine draws exactly what a fresh engine on the new weights draws
+    (same seed), and its int8 draft agrees with the new target as well as a fresh one does."""
+    engine = Engine(policy(0), QuantizedDraft(8), PARAMS, max_new_tokens=N + K,
+                    num_draft_tokens=K)
+    engine.generate([PROMPT], n=100, params=replace(PARAMS, seed=3))  # builds the int8 copy
+    engine.update_weights(policy(1).state_dict())
+    got = engine.generate([PROMPT], n=200, params=replace(PARAMS, seed=4))[0]
+    fresh = Engine(policy(1), QuantizedDraft(8), PARAMS, max_new_tokens=N + K,
+                   num_draft_tokens=K).generate([PROMPT], n=200, params=replace(PARAMS, seed=4))[0]
+    assert [g.token_ids for g in got] == [g.token_ids for g in fresh]
+    assert [g.stats.accepted for g in got] == [g.stats.accepted for g in fresh]
+    accepted, drafted = (sum(g.stats.accepted for g in got), sum(g.stats.drafted for g in got))
+    assert accepted > 0.9 * drafted  # the old weights as draft: 0.38 of drafts accepted
 
 
 def test_logprobs_equal_a_plain_forward_of_the_target():
