@@ -111,6 +111,20 @@ class TargetAdapter:
             hidden = hidden[rows] if hidden is not None else None
         return hidden
 
+    def admit(self, prompts: list[list[int]], *, capacity: int | None = None,
+              hidden_layers: tuple[int, ...] | None = None) -> torch.Tensor | None:
+        """`prefill` new rows and append them after the current ones (between steps).
+
+        The slot capacity becomes the larger of the two; returns the new rows' features as
+        `prefill` does.
+        """
+        old, old_lengths = self.cache, self.lengths
+        hidden = self.prefill(prompts, capacity=capacity, hidden_layers=hidden_layers)
+        if old is not None and old.rows:
+            self.cache = old.cat(self.cache)
+            self.lengths = torch.cat([old_lengths, self.lengths])
+        return hidden
+
     @torch.inference_mode()
     def extend(
         self,

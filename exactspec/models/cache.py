@@ -63,5 +63,24 @@ class SlotCache(Cache):
         self.values = [v.index_select(0, rows) if v is not None else None for v in self.values]
         self.rows = int(rows.numel())
 
+    def cat(self, other: SlotCache) -> SlotCache:
+        """This cache's rows followed by `other`'s, slots padded to the larger capacity."""
+        cap = max(self.capacity, other.capacity)
+        ref = next((k for k in self.keys + other.keys if k is not None), None)
+
+        def padded(bufs: list, rows: int, i: int) -> torch.Tensor:
+            t = bufs[i] if i < len(bufs) else None
+            if t is None:  # no forward ran on these rows yet (empty prompts)
+                return ref.new_zeros(rows, ref.shape[1], cap, ref.shape[3])
+            return torch.cat([t, t.new_zeros(*t.shape[:2], cap - t.shape[2], t.shape[3])], 2)
+
+        out = SlotCache(self.rows + other.rows, cap)
+        layers = max(len(self.keys), len(other.keys))
+        for name in ("keys", "values"):
+            a, b = getattr(self, name), getattr(other, name)
+            setattr(out, name, [torch.cat([padded(a, self.rows, i), padded(b, other.rows, i)])
+                                for i in range(layers)])
+        return out
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.view_len
