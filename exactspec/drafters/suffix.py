@@ -186,7 +186,7 @@ class SuffixDrafter:
         self._cached: OrderedDict[int, list[int]] = OrderedDict()  # oldest first
         self._next_id = 0
         self._lock = threading.Lock()
-        self._rows: list[_Row] = []
+        self._rows: list[_Row] = []  # per row of the batch being drafted for
 
     def __repr__(self) -> str:
         return (f"SuffixDrafter(max_depth={self.max_depth}, max_nodes={self.max_nodes}, "
@@ -213,9 +213,24 @@ class SuffixDrafter:
             self.remember(row.tokens[start:])
 
     def begin(self, context: DraftContext, target: TargetInfo) -> None:
-        for row in self._rows:  # the previous batch's last rows end when the next one begins
-            self._finish(row)
-        self._rows = [_Row(self.max_depth, int(n)) for n in context.prompt_lengths.tolist()]
+        """A new batch, or the same batch with rows appended: a row whose context continues
+        what this drafter saw of the row at that index keeps its trie; every other earlier row
+        has ended and joins the cache of earlier outputs."""
+        new: list[_Row] = []
+        kept: set[int] = set()
+        lengths = context.lengths.tolist()
+        for i, n in enumerate(context.prompt_lengths.tolist()):
+            old = self._rows[i] if i < len(self._rows) else None
+            if (old is not None and old.prompt_length == n and len(old.tokens) <= lengths[i]
+                    and context.tokens[i, : len(old.tokens)].tolist() == old.tokens):
+                new.append(old)
+                kept.add(i)
+            else:
+                new.append(_Row(self.max_depth, int(n)))
+        for i, row in enumerate(self._rows):  # rows that ended (a batch's last rows end here)
+            if i not in kept:
+                self._finish(row)
+        self._rows = new
 
     def select(self, rows: torch.Tensor) -> None:
         keep = rows.tolist()

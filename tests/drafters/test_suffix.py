@@ -96,6 +96,22 @@ def test_propose_reads_the_rows_own_context_and_is_ragged():
     assert drafts.tolist() == [[3, 4, 1], [-1, -1, -1], [9, -1, -1]]
 
 
+def test_begin_with_rows_appended_keeps_the_running_rows():
+    d = SuffixDrafter(max_depth=4)
+    first = _context([[1, 2, 3, 1, 2]])
+    d.begin(first, None)
+    d.propose(first, torch.tensor([2]))
+    grown = _context([[1, 2, 3, 1, 2, 3, 9], [7, 7]])  # row 0 went on, row 1 was admitted
+    grown.prompt_lengths = torch.tensor([5, 2])
+    d.begin(grown, None)
+    assert d.cache.nodes == 0  # nothing ended yet
+    d.propose(grown, torch.tensor([1, 1]))
+    assert d._rows[0].tokens == [1, 2, 3, 1, 2, 3, 9]
+    d.begin(_context([[5]]), None)  # a new batch: both rows ended; row 0's output is
+    # remembered after the last max_depth - 1 tokens of its prompt, row 1 had no output
+    assert list(d._cached.values()) == [[3, 1, 2, 3, 9]]
+
+
 def test_the_cache_is_bounded_and_evicts_the_oldest():
     d = SuffixDrafter(max_depth=4, max_nodes=60)
     rng = random.Random(0)
