@@ -17,7 +17,7 @@ from exactspec.sampling.streams import (
     sample_from_weights,
     uniforms,
 )
-from exactspec.sampling.tree import SIBLING_KINDS, DraftTree, branching_parents
+from exactspec.sampling.tree import SIBLING_KINDS, DraftTree, branching_parents, tree_history
 from exactspec.sampling.tree_verify import (
     TREE_METHODS,
     TreeLaw,
@@ -34,4 +34,4 @@ __all__ = [
     "sample_from_weights", "uniforms", "verify",
 ]
 __all__ += ["SIBLING_KINDS", "TREE_METHODS", "DraftTree", "TreeLaw", "TreeVerdict",
-            "branching_parents", "tree_acceptance_law", "verify_tree"]
+            "branching_parents", "tree_acceptance_law", "tree_history", "verify_tree"]

@@ -28,9 +28,9 @@ SIBLING_KINDS = ("iid", "without_replacement", "deterministic")
 
 @dataclass
 class DraftTree:
-    """A batch of draft trees with N node slots per row (-1 padded at the end of a row)."""
+    """A batch of draft trees with N node slots per row (-1 = an unused slot)."""
 
-    tokens: torch.Tensor  # [B, N] long: node tokens; -1 = unused slot (only after the used ones)
+    tokens: torch.Tensor  # [B, N] long: node tokens; -1 = unused slot (its subtree unused too)
     parents: torch.Tensor  # [B, N] long: parent node index, -1 = the root; parent < own index
     draft_probs: torch.Tensor | None  # [B, N, V] q each node was drawn from (before removing
     #                                   earlier siblings); None for deterministic trees
@@ -139,6 +139,30 @@ def tree_shape(tokens: torch.Tensor, parents: torch.Tensor) -> TreeShape:
     return TreeShape(valid, par, depth, anc, earlier, prev, children, last_child, order)
 
 
+def tree_history(tokens: torch.Tensor, lengths: torch.Tensor,
+                 tree: DraftTree) -> torch.Tensor:  # [B, N+1, T'] long, -1 padded
+    """The penalties' history at the root and after each node: the row's tokens ([B, T], valid
+    up to lengths [B]) followed by the path to that node. p (and q) at a tree position are
+    standardized with it, as `history` + `prefix_history` do along a chain."""
+    bsz, n = tree.tokens.shape
+    shape = tree.shape
+    depth = shape.max_depth
+    dev = tokens.device
+    paths = shape.paths()[..., :depth].to(dev)  # [B, N+1, D]
+    path_tokens = torch.where(paths >= 0, tree.tokens.to(dev).gather(
+        1, paths.clamp(min=0).reshape(bsz, -1)).reshape(paths.shape), -1)
+    width = (int(lengths.max()) if bsz else 0) + depth
+    t = min(width, tokens.shape[1])
+    committed = torch.where(torch.arange(t, device=dev)[None, :] < lengths[:, None],
+                            tokens[:, :t], -1)  # [B, t]
+    out = torch.full((bsz, n + 1, width), -1, dtype=torch.long, device=dev)
+    out[:, :, :t] = committed[:, None, :]
+    if depth:
+        idx = lengths.to(dev)[:, None, None] + torch.arange(depth, device=dev)  # [B, 1, D]
+        out.scatter_(2, idx.expand(bsz, n + 1, depth), path_tokens)
+    return out
+
+
 def _check_tree(tree: DraftTree) -> None:
     """Types, shapes, ids, padding and topological order; every mistake names the fix."""
     x, par, q = tree.tokens, tree.parents, tree.draft_probs
@@ -167,11 +191,11 @@ def _check_tree(tree: DraftTree) -> None:
     if (x < -1).any():
         raise InvalidValue("DraftTree.tokens holds ids below -1; -1 is the only padding value")
     valid = x >= 0
-    used = valid.long().sum(1)
-    if (valid != (torch.arange(n, device=x.device)[None, :] < used[:, None])).any():
-        raise InvalidValue("DraftTree.tokens may hold -1 only in the unused slots at the end "
-                           "of a row")
     own = torch.arange(n, device=x.device)[None, :]
     if ((par < -1) | (par >= own))[valid].any():
         raise InvalidValue("DraftTree.parents must satisfy -1 <= parent < own index (parents "
                            "before children; -1 = the root)")
+    parent_used = valid.gather(1, par.clamp(min=0, max=max(n - 1, 0))) | (par < 0)
+    if (valid & ~parent_used).any():
+        raise InvalidValue("DraftTree: a node's parent is an unused slot (-1 token); mark its "
+                           "whole subtree unused")

@@ -15,6 +15,7 @@ from exactspec.sampling import (
     acceptance_law,
     branching_parents,
     tree_acceptance_law,
+    tree_history,
     verify,
     verify_tree,
 )
@@ -221,8 +222,9 @@ def test_bad_trees_are_named():
         DraftTree(two, roots, q, "top-k")
     with pytest.raises(InvalidValue, match="parent < own index"):
         DraftTree(two, torch.tensor([[1, -1]]), q)
-    with pytest.raises(InvalidValue, match="only in the unused slots"):
-        DraftTree(torch.tensor([[-1, 1]]), roots, q)
+    with pytest.raises(InvalidValue, match="parent is an unused slot"):
+        DraftTree(torch.tensor([[-1, 1]]), torch.tensor([[-1, 0]]), q)
+    DraftTree(torch.tensor([[-1, 1]]), roots, q)  # an unused slot before a used one is fine
     with pytest.raises(InvalidType, match="parents"):
         DraftTree(two, torch.tensor([[-1.0, -1.0]]), q)
     tree = DraftTree(two, roots, q)
@@ -245,3 +247,14 @@ def test_bad_trees_are_named():
     # a repeated token drawn i.i.d. is legal: the second copy is simply never accepted
     law = tree_acceptance_law(p, DraftTree(torch.tensor([[1, 1]]), roots, q))
     assert float(law.terminal_probs[0, 2]) == 0.0
+
+
+def test_tree_history_is_the_context_then_the_path():
+    tokens = torch.tensor([[5, 6, 7, -1], [8, -1, -1, -1]])  # committed tokens, -1 padded
+    lengths = torch.tensor([3, 1])
+    tree = DraftTree(torch.tensor([[1, 2, 3], [4, 0, -1]]), torch.tensor([[-1, -1, 1], [-1, 0, 0]]),
+                     None, "deterministic")
+    hist = tree_history(tokens, lengths, tree)  # [B, N+1, T']
+    assert hist[0].tolist() == [[5, 6, 7, -1, -1], [5, 6, 7, 1, -1], [5, 6, 7, 2, -1],
+                                [5, 6, 7, 2, 3]]
+    assert hist[1, :, :3].tolist() == [[8, -1, -1], [8, 4, -1], [8, 4, 0], [8, -1, -1]]
