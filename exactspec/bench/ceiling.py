@@ -41,8 +41,8 @@ class ScriptedDrafter:
     def __init__(self, replies: list[list[int]], right: int, vocab: int, inner=None) -> None:
         self.replies = [torch.tensor(r, dtype=torch.long) for r in replies]
         self.right, self.vocab, self.inner = right, vocab, inner
-        if inner is not None and hasattr(inner, "hidden_layers"):
-            self.hidden_layers = inner.hidden_layers  # the engine fills features as for the head
+        # the engine fills the target's features as it does for the inner drafter
+        self.hidden_layers = inner.hidden_layers if inner is not None else None
         self._rows = list(range(len(replies)))
 
     def begin(self, context: DraftContext, target: TargetInfo) -> None:

@@ -7,6 +7,8 @@ A drafter is stateful over one batch of rows. The engine calls, in order:
         tokens, q = drafter.propose(context, num_tokens)
         ... the target verifies; `context` gains the emitted tokens ...
         drafter.select(rows)                  # when some rows finished: keep these rows
+        drafter.begin(context, target)        # when rows were admitted (appended at the end)
+                                              # between steps: restart over the whole batch
 
 `propose` returns draft_tokens [B, K] (K = max(num_tokens), rows padded with -1 at the end,
 fewer tokens than asked allowed, including none) and draft_probs [B, K, V], the exact
@@ -15,9 +17,13 @@ hook: at the next `propose` the context shows what was kept, and a drafter with 
 keeps only the prefix that agrees with it. Randomness comes from `context.streams`, domain
 `DOMAIN_DRAFT + j` for draft position j, so the draft never reuses the verifier's uniforms.
 
-A drafter that reads the target's features (EAGLE-style heads) declares a `hidden_layers`
-attribute (a tuple of indices into transformers' `hidden_states`); the engine then fills
+Every drafter declares `hidden_layers`: None when it needs no target features, else a tuple of
+indices into transformers' `hidden_states` (EAGLE-style heads); the engine then fills
 `DraftContext.hidden` from the target's own prefill and verification forwards, at no extra cost.
+
+Rows may carry different SamplingParams (`DraftContext.row_params`); `context.params` is the
+shared one only when every row has the same law. Standardize q with `context.standardize`, which
+applies each row's own parameters and history exactly as the engine does for p.
 """
 
 from __future__ import annotations
@@ -28,6 +34,12 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from exactspec.sampling import RowStreams, SamplingParams
+from exactspec.sampling.history import history as token_history
+from exactspec.sampling.history import prefix_history
+from exactspec.sampling.standardize import probs_from_logits_rows
+
+__all__ = ["DraftContext", "Drafter", "TargetInfo", "empty_proposal", "history",
+           "prefix_history"]
 
 
 @dataclass
@@ -37,13 +49,39 @@ class DraftContext:
     tokens: torch.Tensor  # [B, T] long: prompt then emitted tokens, padded with -1 at the end
     lengths: torch.Tensor  # [B] long: real tokens per row
     prompt_lengths: torch.Tensor  # [B] long: leading tokens that are prompt (for penalties)
-    params: SamplingParams  # the same parameters the target's p is standardized with
+    # the parameters the target's p is standardized with, when every row shares one law
+    # (rows may still differ by seed); None when rows differ: use row_params / standardize
+    params: SamplingParams | None
     streams: RowStreams  # one random stream per row, advanced once per engine step
     # [B, T, F] target features aligned with `tokens`, only for drafters with `hidden_layers`:
     # hidden[b, i] = the target's hidden states at token i for transformers' `hidden_states`
     # indices in drafter.hidden_layers, concatenated; valid for i < lengths[b] - 1 (the last
     # token has not been through the target yet). None for other drafters.
     hidden: torch.Tensor | None = None
+    row_params: tuple[SamplingParams, ...] | None = None  # [B] each row's; None: all `params`
+
+    def rows_params(self) -> tuple[SamplingParams, ...]:
+        """One SamplingParams per row."""
+        if self.row_params is not None:
+            return self.row_params
+        assert self.params is not None
+        return (self.params,) * int(self.tokens.shape[0])
+
+    @property
+    def uses_history(self) -> bool:
+        """Whether some row's penalties read the token history."""
+        if self.row_params is None:
+            return self.params is not None and self.params.uses_history
+        return any(p.uses_history for p in self.row_params)
+
+    def standardize(self, logits: torch.Tensor,  # [B, V]
+                    drafted: torch.Tensor | None = None,  # [B, J] drafts before this position
+                    ) -> torch.Tensor:  # [B, V]
+        """q at the position after `drafted`: each row's own params, the target's history."""
+        dev = logits.device
+        prev = history(self, drafted).to(dev) if self.uses_history else None
+        return probs_from_logits_rows(logits, self.rows_params(), prev,
+                                      self.prompt_lengths.to(dev))
 
 
 @dataclass(frozen=True)
@@ -57,7 +95,12 @@ class TargetInfo:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """Anything with these three methods can draft for the engine (see the module docstring)."""
+    """Anything with these three methods and `hidden_layers` can draft for the engine (see the
+    module docstring)."""
+
+    # None: the drafter needs no target features; else indices into transformers'
+    # hidden_states whose concatenation the engine passes in DraftContext.hidden
+    hidden_layers: tuple[int, ...] | None
 
     def begin(self, context: DraftContext, target: TargetInfo) -> None:
         """Start a new batch of rows; raise ValueError if this drafter cannot serve `target`."""
@@ -74,29 +117,9 @@ class Drafter(Protocol):
 def history(context: DraftContext, extra: torch.Tensor | None = None) -> torch.Tensor:
     """Each row's tokens followed by `extra` ([B, J] long, -1 padded): [B, T'] -1 padded.
 
-    The penalties' token history when drawing after `extra`; rows stay -1 padded at the end.
+    The penalties' token history when drawing after `extra` (exactspec.sampling.history).
     """
-    if extra is None or extra.shape[1] == 0:
-        return context.tokens
-    b, j = extra.shape
-    width = int(context.lengths.max()) + j
-    out = torch.full((b, width), -1, dtype=torch.long, device=context.tokens.device)
-    t = min(width, context.tokens.shape[1])
-    out[:, :t] = context.tokens[:, :t]
-    idx = context.lengths[:, None] + torch.arange(j, device=out.device)  # [B, J]
-    out.scatter_(1, idx, extra.to(out.device))
-    return out
-
-
-def prefix_history(hist: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """hist [B, T] with positions >= ends [B, ...] set to -1: [B, ..., T].
-
-    For a distribution at draft position i, the history is the context plus drafts before i.
-    """
-    pos = torch.arange(hist.shape[1], device=hist.device)
-    extra_dims = ends.dim() - 1
-    h = hist.reshape(hist.shape[0], *([1] * extra_dims), hist.shape[1])
-    return h.masked_fill(pos >= ends[..., None], -1)
+    return token_history(context.tokens, context.lengths, extra)
 
 
 def empty_proposal(

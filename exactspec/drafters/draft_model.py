@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from exactspec.drafters.base import DraftContext, TargetInfo, empty_proposal, history
+from exactspec.drafters.base import DraftContext, TargetInfo, empty_proposal
+from exactspec.errors import InvalidValue
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import as_model
-from exactspec.sampling import DOMAIN_DRAFT, probs_from_logits, sample
+from exactspec.sampling import DOMAIN_DRAFT, sample
 
 
 class DraftModel:
@@ -19,6 +20,8 @@ class DraftModel:
     are dropped at the next `propose` by keeping only the cached prefix that agrees with the
     context. `model`: an exactspec Model or a transformers causal LM.
     """
+
+    hidden_layers = None  # needs no target features
 
     def __init__(self, model) -> None:
         self.model = as_model(model)  # the draft LM and its tokenizer (if any)
@@ -45,7 +48,7 @@ class DraftModel:
     def _check_vocab(self, target: TargetInfo) -> None:
         mine = self.model.vocab_size
         if mine != target.vocab_size:
-            raise ValueError(
+            raise InvalidValue(
                 f"vocabulary mismatch: the draft model {self.model.name!r} has {mine} logits, the "
                 f"target {target.vocab_size}; a draft model must share the target's vocabulary"
             )
@@ -55,7 +58,7 @@ class DraftModel:
         vd, vt = tok_d.get_vocab(), tok_t.get_vocab()
         if vd != vt:
             diff = sorted(set(vd.items()) ^ set(vt.items()), key=lambda kv: kv[1])[:3]
-            raise ValueError(
+            raise InvalidValue(
                 f"vocabulary mismatch: the draft tokenizer ({len(vd)} tokens) and the target "
                 f"tokenizer ({len(vt)} tokens) differ, e.g. {diff}"
             )
@@ -91,14 +94,12 @@ class DraftModel:
         feed = tokens.gather(1, idx.clamp(max=tokens.shape[1] - 1))
         feed = torch.where(idx < lengths[:, None], feed, ad.pad_token_id)
         last = pending - 1  # [B] index of each row's last real token in `feed`
-        prompt_len = context.prompt_lengths.to(dev)
         for j in range(k):
             self._record(feed, ad.lengths)
             logits = ad.extend(feed)  # [B, W, V]
             logits = logits[torch.arange(b, device=dev), last]  # [B, V]
             ad.commit(last + 1)
-            prev = history(context, drafts[:, :j]).to(dev) if context.params.uses_history else None
-            q_j = probs_from_logits(logits, context.params, prev, prompt_len)  # [B, V]
+            q_j = context.standardize(logits, drafts[:, :j])  # [B, V], each row's params
             x = sample(q_j, context.streams, domain=DOMAIN_DRAFT + j)  # [B]
             drafts[:, j] = x
             q[:, j] = q_j

@@ -33,9 +33,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from exactspec.drafters.base import DraftContext, TargetInfo, empty_proposal, history
+from exactspec.drafters.base import DraftContext, TargetInfo, empty_proposal
 from exactspec.drafters.eagle_head import EagleConfig, EagleHead, attend
-from exactspec.sampling import DOMAIN_DRAFT, probs_from_logits, sample
+from exactspec.errors import InvalidValue
+from exactspec.sampling import DOMAIN_DRAFT, sample
+from exactspec.sampling.standardize import probs_from_logits_rows
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +94,7 @@ class EagleDrafter:
                 model = load(name)
             self.attach(model)
         if target.vocab_size != self.head.config.vocab_size:
-            raise ValueError(f"vocabulary mismatch: the draft head predicts "
+            raise InvalidValue(f"vocabulary mismatch: the draft head predicts "
                              f"{self.head.config.vocab_size} tokens, the target has "
                              f"{target.vocab_size}")
         b = context.tokens.shape[0]
@@ -118,7 +120,7 @@ class EagleDrafter:
         self, context: DraftContext, num_tokens: torch.Tensor  # [B]
     ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, K] -1 padded, [B, K, V]
         assert self._committed is not None, "begin() first"
-        hidden = getattr(context, "hidden", None)  # [B, T, L*H]
+        hidden = context.hidden  # [B, T, L*H]
         if hidden is None:
             raise ValueError("EagleDrafter needs the target's hidden states in "
                              "DraftContext.hidden (the engine passes them for drafters with "
@@ -134,15 +136,14 @@ class EagleDrafter:
         real = self._catch_up(hidden.to(dev), tokens, lengths)  # [B] real positions cached
         s = real - 1  # last real position per row (-1: a one-token row, nothing to draft)
         g = self._o_last  # [B, H]
-        prompt_len = context.prompt_lengths.to(dev)
         slots = torch.arange(self._k.shape[2], device=dev)
         mask = (slots[None, :] < real[:, None])[:, None, :]  # [B, 1, S]
         ks, vs = [], []
-        params = context.params
+        rows_params = context.rows_params()
         # penalties and logit_bias act on the full vocabulary (history, token ids); without
         # them, standardizing the draft vocabulary alone gives the same q (off-vocabulary
         # tokens have probability 0 either way) at a sixth of the work
-        on_sub_vocab = not params.uses_history and not params.logit_bias
+        on_sub_vocab = not any(p.uses_history or p.logit_bias for p in rows_params)
         ids = head.vocab_ids[None, :].expand(b, -1)  # [B, Vd]
         for j in range(k):
             if j > 0:  # chain depth j+1: own output and the previous draft token
@@ -153,13 +154,12 @@ class EagleDrafter:
                 g = head.finish(x, a)[:, 0]
             sub = head.logits(g)  # [B, Vd]
             if on_sub_vocab:  # q is zero off the draft vocabulary: standardize only Vd entries
-                q_sub = probs_from_logits(sub, params)  # [B, Vd]
+                q_sub = probs_from_logits_rows(sub, rows_params)  # [B, Vd]
                 drafts[:, j] = head.vocab_ids[sample(q_sub, context.streams,
                                                      domain=DOMAIN_DRAFT + j)]
                 q[:, j].scatter_(1, ids, q_sub)
                 continue
-            prev = history(context, drafts[:, :j]).to(dev) if params.uses_history else None
-            q_j = probs_from_logits(full_logits(head, sub), params, prev, prompt_len)  # [B, V]
+            q_j = context.standardize(full_logits(head, sub), drafts[:, :j])  # [B, V]
             drafts[:, j] = sample(q_j, context.streams, domain=DOMAIN_DRAFT + j)
             q[:, j] = q_j
         want = torch.arange(k, device=dev)[None, :] < num_tokens.to(dev)[:, None]
@@ -233,7 +233,7 @@ def load_head(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float3
     """An `EagleHead` from a directory written by `save_head` (frozen parts not attached)."""
     path = Path(path)
     if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
-        raise ValueError(f"{str(path)!r} is not a draft head directory: it needs {CONFIG_FILE} "
+        raise InvalidValue(f"{str(path)!r} is not a draft head directory: it needs {CONFIG_FILE} "
                          f"and {WEIGHTS_FILE} (written by `exactspec train-draft`)")
     config = EagleConfig(**json.loads((path / CONFIG_FILE).read_text()))
     head = EagleHead(config)
@@ -260,6 +260,6 @@ def load_drafter(name_or_path: str | os.PathLike[str], target=None) -> EagleDraf
     text = os.fspath(name_or_path)
     path = WEIGHTS_DIR / text if text in shipped_names() else Path(text).expanduser()
     if not path.is_dir():
-        raise ValueError(f"no draft head {text!r}: use an embedded name with a shipped head "
+        raise InvalidValue(f"no draft head {text!r}: use an embedded name with a shipped head "
                          f"{shipped_names()} or a directory written by `exactspec train-draft`")
     return EagleDrafter(load_head(path), target, name=text)

@@ -16,6 +16,8 @@ class PromptLookup:
     draft_probs and the verifier accepts x with probability p(x).
     """
 
+    hidden_layers = None  # needs no target features
+
     def __init__(self, min_ngram: int = 1, max_ngram: int = 3) -> None:
         for name, v in (("min_ngram", min_ngram), ("max_ngram", max_ngram)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -7,7 +7,6 @@ import secrets
 import time
 from collections.abc import Iterator, Sequence
 
-import torch
 from tqdm.auto import tqdm
 
 from exactspec.drafters.base import Drafter
@@ -15,13 +14,15 @@ from exactspec.engine.arguments import (
     check_bool,
     check_drafter,
     check_int,
+    check_layers,
     check_logit_bias,
     check_num_draft_tokens,
     check_stop,
     check_verify,
     encode_prompts,
+    row_params,
 )
-from exactspec.engine.loop import BatchDecoder, DecodeConfig, RowOutput, VerifyFn
+from exactspec.engine.loop import DecodeConfig, Decoder, RowOutput, VerifyFn
 from exactspec.engine.results import Generation
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.models.loading import Model, as_model
@@ -38,7 +39,7 @@ def generate(
     prompts: str | Sequence[str] | Sequence[Sequence[int]],
     *,
     drafter: Drafter | None = None,
-    params: SamplingParams | None = None,
+    params: SamplingParams | Sequence[SamplingParams] | None = None,
     max_new_tokens: int = 128,
     num_draft_tokens: int | str = 4,
     verify: str | VerifyFn = "token",
@@ -52,9 +53,10 @@ def generate(
     strings (encoded with the target's tokenizer, no chat template), or a list of token-id
     lists; identical prompts are fine (they are prefilled once). drafter: DraftModel(...),
     PromptLookup(...), any `Drafter`, or None for plain autoregressive decoding.
-    params: SamplingParams (default: temperature 1); row i of the call draws from its own
-    stream seeded by (params.seed, i), so a row's text does not depend on the rest of the
-    batch; seed None draws a fresh seed. num_draft_tokens: K, or "auto" (per row, from the
+    params: one SamplingParams for every row (default: temperature 1), row i drawing from the
+    stream seeded by (params.seed, i); or a list, one per prompt, each row standardized with
+    its own and drawing from the stream of its own seed alone (the same prompt and seed give
+    the same row at any index of any batch). seed None draws a fresh seed. num_draft_tokens: K, or "auto" (per row, from the
     observed acceptance and the measured draft / target costs; the output is still exactly
     distributed, but which sample a seed gives then depends on timings: use a fixed K for
     bit-reproducible text). verify: "token", "block",
@@ -151,51 +153,49 @@ class _Job:
             self.model: Model = as_model(target)
         except TypeError as e:
             raise InvalidType(f"target: {e}") from None
-        params = SamplingParams() if params is None else params
-        if not isinstance(params, SamplingParams):
-            raise InvalidType(f"params must be exactspec.SamplingParams, got "
-                              f"{type(params).__name__}")
         drafter = check_drafter(drafter)
+        check_layers(drafter)
         check_int("max_new_tokens", max_new_tokens, 1)
         check_int("batch_size", batch_size, 1)
         num_draft_tokens = check_num_draft_tokens(num_draft_tokens)
-        verify = check_verify(verify, [params])
         stops = check_stop(stop, self.model.tokenizer)
         check_bool("return_logprobs", return_logprobs)
-        check_logit_bias([params], self.model.vocab_size)
         self.prompts = encode_prompts(self.model, prompts)  # [N] token lists
+        self.params, per_row = row_params(params, len(self.prompts))  # [N]
+        verify = check_verify(verify, self.params)
+        check_logit_bias(self.params, self.model.vocab_size)
         self.drafter = drafter
         self.batch_size = batch_size
         self.cfg = DecodeConfig(
-            params=params, max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens,
+            params=self.params, max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens,
             verify=verify, return_logprobs=return_logprobs,
             eos_token_ids=self.model.eos_token_ids, stop=stops, tokenizer=self.model.tokenizer,
         )
-        self.seed = params.seed if params.seed is not None else secrets.randbits(63)
+        self.stream_seeds = _stream_seeds(self.params, per_row)  # [N]
         self.results: list[Generation] = []
 
     def events(self) -> Iterator[tuple[int, list[int], RowOutput]]:
         """(row, new tokens, the row's output so far) as the chunks decode; fills `results`."""
         n = len(self.prompts)
-        dev = self.model.device
-        all_streams = RowStreams.from_seed(self.seed, n, device=dev)
         budget = n * self.cfg.max_new_tokens
         bar = tqdm(total=budget, unit="tok", desc="generate", leave=False,
                    disable=True if budget < _PROGRESS_MIN_TOKENS else None)
         t0 = time.perf_counter()
         try:
             for lo in range(0, n, self.batch_size):
-                rows = list(range(lo, min(n, lo + self.batch_size)))
-                streams = all_streams.select(torch.tensor(rows, dtype=torch.long, device=dev))
-                dec = BatchDecoder(self.model, self.drafter, [self.prompts[i] for i in rows],
-                                   streams, self.cfg)
-                for j, new in dec.run():
-                    out = dec.outputs[j]
-                    bar.update(len(new))
-                    if out.finish_reason is not None:
-                        bar.update(self.cfg.max_new_tokens - len(out.tokens))
-                    yield lo + j, new, out
-                self.results += [self._result(o) for o in dec.outputs]
+                dec = Decoder(self.model, self.drafter, self.cfg)
+                rows = [dec.make_row(i, self.prompts[i], self.params[i], self.stream_seeds[i])
+                        for i in range(lo, min(n, lo + self.batch_size))]
+                dec.admit(rows)
+                while dec.rows:
+                    for row, new in dec.step():
+                        out = row.output
+                        bar.update(len(new))
+                        if out.finish_reason is not None:
+                            bar.update(self.cfg.max_new_tokens - len(out.tokens))
+                        if new:
+                            yield row.id, new, out
+                self.results += [self._result(r.output) for r in rows]
         finally:
             bar.close()
         log.info("generated %d rows, %d tokens in %.2f s", n,
@@ -215,3 +215,15 @@ class _Job:
             stats=out.stats,
             finish_reason=out.finish_reason or "length",
         )
+
+
+def _stream_seeds(params: list[SamplingParams], per_row: bool) -> list[int]:
+    """Each row's 64-bit stream seed. One shared SamplingParams: row i's comes from (seed, i),
+    as always. Params per row: from the row's own seed alone (as if it were row 0 of a call
+    with that seed), so the same prompt and seed give the same row at any index of any batch.
+    A seed None draws a fresh one (per call when shared, per row when per row)."""
+    if not per_row:
+        seed = params[0].seed if params[0].seed is not None else secrets.randbits(63)
+        return RowStreams.from_seed(seed, len(params)).seeds.tolist()
+    return [int(RowStreams.from_seed(p.seed if p.seed is not None else secrets.randbits(63), 1)
+                .seeds[0]) for p in params]

@@ -91,6 +91,11 @@ class DraftLengthPolicy:
         d = self.draft_cost
         self.draft_cost = per_token if d is None else 0.8 * d + 0.2 * per_token
 
+    def admit(self, num_rows: int) -> None:
+        """Append `num_rows` new rows with no observations yet."""
+        self.accepted = torch.cat([self.accepted, torch.zeros(num_rows)])
+        self.rejections = torch.cat([self.rejections, torch.zeros(num_rows)])
+
     def select(self, rows: torch.Tensor) -> None:
         rows = rows.cpu()
         self.accepted = self.accepted[rows]

@@ -26,6 +26,24 @@ class GenerationStats:
     target_seconds: float = 0.0  # the target's forward over the last token and the drafts
     verify_seconds: float = 0.0  # standardize (probs_from_logits) + verify / sample
 
+    def record_step(self, drafted: int, accepted: int, emitted: int, draft_seconds: float,
+                    target_seconds: float, verify_seconds: float, seconds: float) -> None:
+        """Add one target forward: drafts proposed / kept in it, the row's tokens so far, the
+        step's timings and the seconds since the batch started."""
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        for counts, n in ((self.accepted_per_position, accepted),
+                          (self.drafted_per_position, drafted)):
+            counts += [0] * max(0, n - len(counts))
+            for pos in range(n):
+                counts[pos] += 1
+        self.emitted = emitted
+        self.draft_seconds += draft_seconds
+        self.target_seconds += target_seconds
+        self.verify_seconds += verify_seconds
+        self.seconds = seconds
+
     @property
     def acceptance_rate(self) -> float:
         """accepted / drafted (0.0 when nothing was drafted)."""

@@ -18,6 +18,8 @@ Order of the transforms (the same as transformers / vLLM):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from exactspec.sampling.params import SamplingParams
@@ -134,3 +136,46 @@ def _apply_penalties(
         counts = counts[:, :vocab]
         x = x - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(x.dtype)
     return x
+
+
+def law_groups(params: Sequence[SamplingParams]) -> list[tuple[SamplingParams, torch.Tensor | None]]:
+    """Rows grouped by law (their params without the seed): [(params, row indices [R] or None)].
+
+    One group whose indices are None means every row shares it (the common case, checked first
+    by identity, so a batch with one shared SamplingParams costs no hashing).
+    """
+    first = params[0]
+    if all(p is first for p in params):
+        return [(first, None)]
+    groups: dict[SamplingParams, list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault(p.without_seed(), []).append(i)
+    if len(groups) == 1:
+        return [(first, None)]
+    return [(params[rows[0]], torch.tensor(rows, dtype=torch.long)) for rows in groups.values()]
+
+
+def probs_from_logits_rows(
+    logits: torch.Tensor,  # [B, ..., V]
+    params: Sequence[SamplingParams],  # one per row b
+    prev_tokens: torch.Tensor | None = None,  # [B, ..., T] long, -1 = padding
+    prompt_len: torch.Tensor | None = None,  # [B, ...] long
+    groups: list[tuple[SamplingParams, torch.Tensor | None]] | None = None,  # law_groups(params)
+) -> torch.Tensor:  # [B, ..., V]
+    """`probs_from_logits` with each row's own parameters; rows of one law in one call.
+
+    With a single law this is exactly `probs_from_logits(logits, params[0], ...)`.
+    """
+    if len(params) != logits.shape[0]:
+        raise ValueError(f"got {len(params)} SamplingParams for {logits.shape[0]} rows")
+    groups = law_groups(params) if groups is None else groups
+    if len(groups) == 1 and groups[0][1] is None:
+        return probs_from_logits(logits, groups[0][0], prev_tokens, prompt_len)
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    out = torch.empty(logits.shape, dtype=dtype, device=logits.device)
+    for law, rows in groups:
+        rows = rows.to(logits.device)
+        prev = prev_tokens[rows] if prev_tokens is not None else None
+        plen = prompt_len[rows] if prompt_len is not None else None
+        out[rows] = probs_from_logits(logits[rows], law, prev, plen)
+    return out

@@ -33,10 +33,12 @@ def target():
     ({"num_draft_tokens": 2.0}, InvalidType, ["num_draft_tokens=2.0"]),
     ({"return_logprobs": "yes"}, InvalidType, ["return_logprobs='yes'", "True or False"]),
     ({"params": {"temperature": 0}}, InvalidType, ["params", "dict", "SamplingParams"]),
+    ({"params": [SamplingParams()]}, InvalidValue, ["1 SamplingParams for 2 prompts"]),
+    ({"params": [SamplingParams(), 3]}, InvalidType, ["params[1]", "int"]),
     ({"params": SamplingParams(logit_bias={VOCAB: 1.0})}, InvalidValue,
      [f"token id {VOCAB}", "vocabulary"]),
     ({"drafter": "lookup"}, InvalidType, ["drafter", "str"]),
-    ({"verify": "exact"}, InvalidValue, ["verify='exact'", "token"]),
+    ({"verify": "exact"}, InvalidValue, ["'exact'", "token"]),
 ])
 def test_bad_arguments_are_named(target, kwargs, error, words):
     with pytest.raises(error) as info:
@@ -69,7 +71,8 @@ def test_a_wrong_target_and_prompts_are_named(target):
 def test_greedy_verification_at_a_temperature_is_refused(target, drafter):
     """verify="greedy" emits the argmax: at T > 0 the text would silently be greedy."""
     make = {None: lambda: None, "lookup": PromptLookup, "draft": lambda: DraftModel(target)}
-    for params in (SamplingParams(temperature=0.7),):
+    for params in (SamplingParams(temperature=0.7), [SamplingParams(temperature=0),
+                                                     SamplingParams(temperature=1.0)]):
         with pytest.raises(InvalidValue, match="verify='greedy' with temperature="):
             generate(target, PROMPTS, drafter=make[drafter](), params=params, verify="greedy",
                      max_new_tokens=4)

@@ -1,0 +1,153 @@
+"""One decode step for every row: propose -> target forward -> standardize -> verify -> commit.
+
+Plain decoding is the same step with an empty proposal (`NoDrafter`) and the plain rule (one
+draw from p); nothing else differs. Rows accept different numbers of tokens (ragged).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from exactspec.drafters.base import DraftContext, TargetInfo
+from exactspec.engine.batch import BatchState, Row
+from exactspec.errors import InvalidValue
+from exactspec.sampling import DOMAIN_SAMPLE, RowStreams, Verdict, acceptance_law, sample
+from exactspec.sampling.history import history, prefix_history
+from exactspec.sampling.standardize import probs_from_logits_rows
+
+# rule(target_probs [B, K+1, V], drafts [B, K], q [B, K, V] | None, streams) -> Verdict
+VerifyRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, RowStreams], Verdict]
+
+
+@dataclass
+class StepRules:
+    """How a step decides; fixed for a whole decode."""
+
+    verify: VerifyRule  # the acceptance rule (or the plain draw for plain decoding)
+    check_q: bool  # validate the drafter's q (a user drafter's; the engine's own are exact)
+    max_new_tokens: int  # per row
+    return_logprobs: bool  # collect log p of each emitted token
+
+
+class NoDrafter:
+    """The empty proposal: plain decoding is a speculative step with no draft tokens."""
+
+    hidden_layers = None  # needs no target features
+
+    def begin(self, context: DraftContext, target: TargetInfo) -> None:
+        pass
+
+    def select(self, rows: torch.Tensor) -> None:
+        pass
+
+    def propose(self, context: DraftContext, num_tokens: torch.Tensor  # [B]
+                ) -> tuple[torch.Tensor, None]:  # [B, 0], None
+        b = context.tokens.shape[0]
+        return torch.zeros(b, 0, dtype=torch.long, device=context.tokens.device), None
+
+
+def plain_rule(p: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None,
+               streams: RowStreams) -> Verdict:
+    """Plain decoding's verification of an empty proposal: one draw from p."""
+    tok = sample(p[:, 0], streams, domain=DOMAIN_SAMPLE)  # [B]
+    return Verdict(tokens=tok[:, None], num_accepted=torch.zeros_like(tok))
+
+
+class Clock:
+    """Step timing, in one place: seconds between marks, after the device has finished."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device  # synchronised before each reading (CUDA runs asynchronously)
+        self.start = self.last = time.perf_counter()  # the decode's start, the last mark
+
+    def lap(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        seconds, self.last = now - self.last, now
+        return seconds
+
+
+def decode_step(batch: BatchState, rules: StepRules, clock: Clock) -> list[tuple[Row, list[int]]]:
+    """Advance every row by one target forward; returns (row, tokens it gained) per row."""
+    dev = batch.target.device
+    clock.lap()
+    # 1. propose: up to `want` drafts per row, within each row's budget and the context
+    room = torch.tensor([rules.max_new_tokens - len(r.output.tokens) for r in batch.rows])
+    room = torch.minimum(room - 1, batch.target.max_context - batch.lengths.cpu())
+    want = torch.minimum(batch.policy.choose(), room.clamp(min=0))  # [B]
+    drafts, q = batch.drafter.propose(batch.context(), want.to(dev))  # [B, K'], [B, K', V]
+    drafts = drafts.to(dev)
+    num_real = (drafts >= 0).sum(1)  # [B]
+    k = int(num_real.max()) if len(batch) else 0
+    drafts, q = drafts[:, :k], (q[:, :k].to(dev) if q is not None else None)
+    draft_s = clock.lap()
+    # 2. one target forward over each row's last token and its drafts
+    last = batch.tokens.gather(1, (batch.lengths - 1)[:, None])  # [B, 1]
+    out = batch.target.extend(torch.cat([last, drafts.clamp(min=0)], 1),
+                              hidden_layers=batch.layers)
+    logits, feats = out if batch.layers is not None else (out, None)  # [B, K+1, V], [B, K+1, F]
+    target_s = clock.lap()
+    # 3. standardize: p at every position, each row with its own params and history
+    p = target_probs(batch, logits, drafts)  # [B, K+1, V]
+    # 4. verify. Rows always go through the rule, even when none drafted, so a row's
+    # randomness never depends on the others.
+    if q is not None and rules.check_q:
+        check_draft_probs(batch.drafter, p, drafts, q)
+    verdict = rules.verify(p, drafts, q, batch.streams)
+    batch.streams.advance()
+    n = verdict.num_accepted.to(dev)  # [B]
+    verify_s = clock.lap()
+    assert verdict.tokens.shape == (len(batch), k + 1), verdict.tokens.shape
+    # 5. commit: the target keeps the verified tokens, each row what its stop rule allows
+    batch.target.commit(n + 1)
+    batch.policy.observe(num_real, n)
+    batch.policy.observe_costs(draft_s, k, target_s, k + 1)
+    emitted = verdict.tokens.to(dev)  # [B, K+1]
+    logprobs = None
+    if rules.return_logprobs:
+        logprobs = p.gather(2, emitted.clamp(min=0)[..., None]).squeeze(-1).log().tolist()
+    gained = []
+    now = time.perf_counter() - clock.start
+    for j, (row, new, drafted, accepted) in enumerate(zip(
+            batch.rows, emitted.tolist(), num_real.tolist(), n.tolist(), strict=True)):
+        out = row.output
+        c, reason = row.stop.keep(out.tokens, new[: accepted + 1])
+        out.tokens += new[:c]
+        if logprobs is not None:
+            out.logprobs += logprobs[j][:c]
+        out.stats.record_step(drafted, accepted, len(out.tokens), draft_s, target_s, verify_s,
+                              now - row.started)
+        if reason is not None:
+            out.finish_reason, out.cut = reason, row.stop.cut
+        gained.append((row, new[:c]))
+    batch.append(emitted, torch.tensor([len(g) for _, g in gained], dtype=torch.long,
+                                       device=dev), feats)
+    return gained
+
+
+def target_probs(batch: BatchState, logits: torch.Tensor,  # [B, K+1, V]
+                 drafts: torch.Tensor) -> torch.Tensor:  # [B, K] -> [B, K+1, V]
+    """p after each draft prefix: every row's own params, with the history it has there."""
+    k, dev = drafts.shape[1], logits.device
+    prev = None
+    if any(law.uses_history for law, _ in batch.groups):
+        hist = history(batch.tokens, batch.lengths, drafts)  # [B, T']
+        ends = batch.lengths[:, None] + torch.arange(k + 1, device=dev)  # [B, K+1]
+        prev = prefix_history(hist, ends)  # [B, K+1, T']
+    plen = batch.prompt_lengths[:, None].expand(-1, k + 1)  # [B, K+1]
+    return probs_from_logits_rows(logits, batch.params, prev, plen, groups=batch.groups)
+
+
+def check_draft_probs(drafter, p: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor) -> None:
+    """A user drafter's q ([B, K, V]) must be the distributions its drafts ([B, K]) came from:
+    finite, non-negative, summing to 1, with q(x) > 0 at each draft token."""
+    try:
+        acceptance_law(p, drafts, q, method="token", check=True)
+    except ValueError as e:
+        raise InvalidValue(f"drafter {type(drafter).__name__} returned draft_probs that cannot "
+                           f"be the q its draft tokens were drawn from: {e}") from None
