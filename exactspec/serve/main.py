@@ -8,6 +8,7 @@ process, on 127.0.0.1 and a free port, for tests and `exactspec bench-serve`.
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -59,10 +60,19 @@ def build_drafter(choice: DrafterChoice, target: Model) -> tuple[Drafter | None,
 
 def serve(model: Model, drafter: Drafter | None, config: ServerConfig, *, host: str = "127.0.0.1",
           port: int = 8000) -> None:
-    """Serve until SIGTERM / SIGINT, then drain the open requests and return."""
+    """Serve until SIGTERM / SIGINT, then drain the open requests and return.
+
+    uvicorn re-raises the signal it caught once it has drained; SIGTERM then ends the
+    process with exit status 0 (a requested stop, not a crash).
+    """
     app = create_app(model, drafter, config)
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.run(app, host=host, port=port, log_level="info",
                 timeout_graceful_shutdown=int(config.request_timeout) + 5)
+
+
+def _exit_cleanly(_sig, _frame) -> None:
+    raise SystemExit(0)
 
 
 def free_port() -> int:
