@@ -1,0 +1,114 @@
+"""Which draft tokens are target tokens: tokens compared by the bytes they stand for.
+
+Two tokenizers spell the same text differently in their vocabularies (byte-level BPE writes a
+space as "Ġ", SentencePiece as "▁", byte-fallback tokens as "<0x20>"), so tokens are matched by
+their bytes, read through the tokenizer's decoder. Special tokens never match. A target byte
+string held by several target ids maps to one of them (regular tokens before byte fallbacks,
+then the lowest id); several draft ids may map to one target id (their probabilities add up).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable-character alphabet for bytes, inverted (char -> byte)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+def _decoder_kinds(tokenizer) -> set[str]:
+    """The decoder steps of a fast tokenizer ("ByteLevel", "Replace", "ByteFallback", ...)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return set()
+    spec = json.loads(backend.to_str()).get("decoder") or {}
+    steps = spec.get("decoders", [spec]) if spec.get("type") == "Sequence" else [spec]
+    return {s.get("type", "") for s in steps}
+
+
+def token_bytes(tokenizer) -> list[bytes | None]:
+    """The bytes each token id stands for; None for special tokens and unreadable pieces."""
+    vocab = tokenizer.get_vocab()  # piece -> id
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    special |= set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    kinds = _decoder_kinds(tokenizer)
+    byte_level = "ByteLevel" in kinds
+    metaspace = "Metaspace" in kinds or "Replace" in kinds
+    fallback = "ByteFallback" in kinds
+    table = _byte_decoder()
+    out: list[bytes | None] = [None] * (max(vocab.values(), default=-1) + 1)
+    for piece, i in vocab.items():
+        if i in special:
+            continue
+        if byte_level:
+            if all(c in table for c in piece):
+                out[i] = bytes(table[c] for c in piece)
+            continue
+        m = _BYTE_FALLBACK.match(piece) if fallback else None
+        if m:
+            out[i] = bytes([int(m.group(1), 16)])
+            continue
+        out[i] = (piece.replace("▁", " ") if metaspace else piece).encode("utf-8")
+    return out
+
+
+@dataclass(frozen=True)
+class VocabMap:
+    """Draft ids whose bytes are a target token, and that token's id."""
+
+    draft_ids: torch.Tensor  # [M] long: draft ids in the intersection (sorted)
+    target_ids: torch.Tensor  # [M] long: the target id each stands for
+    draft_for_target: torch.Tensor  # [Vt] long: one draft id per target id, -1 if none
+    duplicates: bool  # several draft ids map to one target id
+    draft_size: int  # draft tokens with readable bytes (the overlap's denominator)
+    target_size: int  # target tokens with readable bytes
+
+    @property
+    def overlap(self) -> int:
+        """Target tokens reachable from the draft."""
+        return int((self.draft_for_target >= 0).sum())
+
+
+def vocab_map(draft_tokenizer, target_tokenizer, target_width: int) -> VocabMap:
+    """Match the two vocabularies by bytes; target_width = the target's logits width."""
+    target = token_bytes(target_tokenizer)
+    by_bytes: dict[bytes, int] = {}
+    fallbacks = _fallback_ids(target_tokenizer)
+    order = sorted(range(len(target)), key=lambda i: (i in fallbacks, i))
+    for i in order:
+        b = target[i]
+        if b is not None and i < target_width:
+            by_bytes.setdefault(b, i)
+    draft = token_bytes(draft_tokenizer)
+    pairs = [(d, by_bytes[b]) for d, b in enumerate(draft) if b is not None and b in by_bytes]
+    d_ids = torch.tensor([d for d, _ in pairs], dtype=torch.long)
+    t_ids = torch.tensor([t for _, t in pairs], dtype=torch.long)
+    back = torch.full((target_width,), -1, dtype=torch.long)
+    for d, t in reversed(pairs):  # the lowest draft id wins
+        back[t] = d
+    return VocabMap(d_ids, t_ids, back, len(set(t_ids.tolist())) < len(pairs),
+                    sum(b is not None for b in draft), sum(b is not None for b in target))
+
+
+def _fallback_ids(tokenizer) -> set[int]:
+    if "ByteFallback" not in _decoder_kinds(tokenizer):
+        return set()
+    return {i for p, i in tokenizer.get_vocab().items() if _BYTE_FALLBACK.match(p)}
