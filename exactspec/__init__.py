@@ -16,12 +16,14 @@ __version__ = "0.1.0"
 
 # public name -> module defining it; imported when the name is first used
 _LAZY: dict[str, str] = {
+    "CrossVocabDraft": "exactspec.drafters",
     "DraftContext": "exactspec.drafters",
     "DraftModel": "exactspec.drafters",
     "Drafter": "exactspec.drafters",
     "EagleDrafter": "exactspec.drafters",
     "PromptLookup": "exactspec.drafters",
     "QuantizedDraft": "exactspec.drafters",
+    "SuffixDrafter": "exactspec.drafters",
     "TargetInfo": "exactspec.drafters",
     "load_drafter": "exactspec.drafters",
     "Engine": "exactspec.engine.session",
