@@ -20,16 +20,21 @@ def expected_tokens(alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 class DraftLengthPolicy:
     """Chooses each row's draft length before a step.
 
-    Fixed: always `num_draft_tokens`. Auto: row b keeps its own acceptance estimate
-    alpha_b = (accepted + 1) / (accepted + rejections + 2) (a rejection is a step that did not
-    keep its whole draft). The batch shares one forward of width K + 1, so every row gets the
-    K in 0..AUTO_MAX_DRAFT maximising the batch's tokens per second,
-    sum_b expected_tokens(alpha_b, K) / (K * draft_cost + target_cost(K + 1)), with draft_cost
-    the measured seconds per draft position and target_cost(w) the measured seconds of a
-    target forward of width w (a line fitted through the widths seen so far; with a single
-    width w0 seen, t(w0) * (0.5 + 0.5 w / w0)). For one row this
-    is Leviathan's optimum. K = 0 is plain decoding; then one token is still drafted every
-    AUTO_PROBE_EVERY steps so that the acceptance estimates keep up.
+    Fixed: always `num_draft_tokens` (capped by each row's room). Auto, per row: row b keeps
+    its own acceptance estimate alpha_b = (accepted + 1) / (accepted + rejections + 2) (a
+    rejection is a step that did not keep its whole draft) and its room r_b (drafts that still
+    fit its token budget and the context). The rows share one forward, padded to the widest
+    row, and one drafting pass of as many positions, so a step costs
+    c(K) = K' * draft_cost + target_cost(K' + 1) with K' = max_b min(K, r_b), whatever each row
+    drafts below K'. Given that shared width a row's extra drafts are free and only add
+    expected tokens, so row b drafts k_b = min(K, r_b), and K in 0..AUTO_MAX_DRAFT maximises
+    the batch's tokens per second, sum_b expected_tokens(alpha_b, min(K, r_b)) / c(K): a row
+    near its budget adds no gain for drafts it cannot emit. draft_cost is the measured seconds
+    per draft position and target_cost(w) the measured seconds of a target forward of width w
+    (a line fitted through the widths seen so far; with a single width w0 seen,
+    t(w0) * (0.5 + 0.5 w / w0)). For one row this is Leviathan's optimum. K = 0 is plain
+    decoding; then one token is still drafted every AUTO_PROBE_EVERY steps so that the
+    acceptance estimates keep up.
     """
 
     def __init__(self, num_draft_tokens: int | str, num_rows: int) -> None:
@@ -41,19 +46,25 @@ class DraftLengthPolicy:
         self.target_cost: dict[int, float] = {}  # width -> EMA seconds per target forward
         self.steps = 0  # choices made so far
 
-    def choose(self) -> torch.Tensor:  # [B] long
+    def choose(self, room: torch.Tensor | None = None) -> torch.Tensor:  # [B] -> [B] long
+        """Each row's draft length; `room` ([B] long, default unbounded) caps row b's."""
         b = self.accepted.shape[0]
+        room = torch.full((b,), AUTO_MAX_DRAFT if self.auto else self.fixed, dtype=torch.long) \
+            if room is None else room.cpu().long().clamp(min=0)
         self.steps += 1
         if not self.auto or self.draft_cost is None or not self.target_cost:
-            return torch.full((b,), self.fixed, dtype=torch.long)
+            return torch.minimum(torch.full((b,), self.fixed, dtype=torch.long), room)
         alpha = (self.accepted + 1) / (self.accepted + self.rejections + 2)  # [B]
-        ks = torch.arange(0, AUTO_MAX_DRAFT + 1, dtype=torch.float64)  # [Kc]
-        cost = ks * self.draft_cost + torch.tensor([self._target_cost(int(k) + 1) for k in ks])
-        tokens = expected_tokens(alpha[:, None].double(), ks[None, :]).sum(0)  # [Kc]
+        ks = torch.arange(0, AUTO_MAX_DRAFT + 1, dtype=torch.long)  # [Kc]
+        per_row = torch.minimum(ks[None, :], room[:, None])  # [B, Kc] drafts row b can use
+        width = per_row.amax(0) if b else ks  # [Kc] shared draft positions K'
+        cost = width.double() * self.draft_cost + torch.tensor(
+            [self._target_cost(int(w) + 1) for w in width], dtype=torch.float64)  # [Kc]
+        tokens = expected_tokens(alpha[:, None].double(), per_row.double()).sum(0)  # [Kc]
         k = int((tokens / cost).argmax())
         if k == 0 and self.steps % AUTO_PROBE_EVERY == 0:
             k = 1
-        return torch.full((b,), k, dtype=torch.long)
+        return torch.minimum(torch.full((b,), k, dtype=torch.long), room)
 
     def _target_cost(self, width: int) -> float:
         # a width already measured uses its own EMA: on CPUs the cost is far from linear in the

@@ -79,7 +79,7 @@ def decode_step(batch: BatchState, rules: StepRules, clock: Clock) -> list[tuple
     # 1. propose: up to `want` drafts per row, within each row's budget and the context
     room = torch.tensor([rules.max_new_tokens - len(r.output.tokens) for r in batch.rows])
     room = torch.minimum(room - 1, batch.target.max_context - batch.lengths.cpu())
-    want = torch.minimum(batch.policy.choose(), room.clamp(min=0))  # [B]
+    want = batch.policy.choose(room)  # [B]
     drafts, q = batch.drafter.propose(batch.context(), want.to(dev))  # [B, K'], [B, K', V]
     drafts = drafts.to(dev)
     num_real = (drafts >= 0).sum(1)  # [B]

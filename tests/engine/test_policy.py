@@ -95,3 +95,34 @@ def test_one_measured_width_does_not_make_wider_forwards_look_free():
     assert pol.choose().tolist() == [best]
     # a row accepting nearly everything still drafts the most
     assert _policy([500], [5], 1e-5, {5: 0.010}).choose().tolist() == [AUTO_MAX_DRAFT]
+
+
+def test_rows_that_cannot_use_drafts_do_not_pay_for_a_wide_forward():
+    # eight rows accepting 95%; seven have no room left for drafts (about to hit their budget):
+    # the wide forward would serve one row, so nobody drafts. Counting every row as gaining
+    # (one K for the batch, blind to rooms) chose K = 5 here.
+    pol = _policy([95] * 8, [4] * 8, draft_cost=1e-5, target_costs={1: 0.010, 5: 0.030})
+    room = torch.tensor([0] * 7 + [8])
+    assert pol.choose(room).tolist() == [0] * 8
+    assert pol.choose(torch.full((8,), 8)).tolist() == [5] * 8  # with room, all draft 5
+    # one row alone drafts its own optimum, the same 5
+    assert _policy([95], [4], 1e-5, {1: 0.010, 5: 0.030}).choose(torch.tensor([8])).tolist() == [5]
+
+
+def test_per_row_lengths_are_capped_by_each_rows_room_and_brute_force_optimal():
+    alpha_counts = [(90, 3), (60, 20), (5, 40), (90, 3)]
+    room = torch.tensor([8, 2, 8, 1])
+    pol = _policy([a for a, _ in alpha_counts], [r for _, r in alpha_counts], 5e-4,
+                  {1: 0.010, 9: 0.013})
+    chosen = pol.choose(room).tolist()
+    alphas = [(acc + 1) / (acc + rej + 2) for acc, rej in alpha_counts]
+
+    def rate(kk):
+        used = [min(kk, int(r)) for r in room]
+        width = max(used)
+        cost = width * 5e-4 + 0.010 + (0.003 / 8) * width  # the line through widths 1 and 9
+        return sum((1 - a ** (u + 1)) / (1 - a) for a, u in zip(alphas, used, strict=True)) / cost
+
+    best = max(range(AUTO_MAX_DRAFT + 1), key=rate)
+    assert best > 2  # the rows with room draft beyond the others' caps
+    assert chosen == [min(best, int(r)) for r in room]
