@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from exactspec.errors import InvalidValue
+from exactspec.sampling.tree_verify import TREE_METHODS
 from exactspec.sampling.verify import METHODS, AcceptanceLaw, _check_inputs
 
 LOSSY_RULES = ("lenient", "typical")  # the lossy rule names, used as "name:PARAMETER"
@@ -71,7 +72,7 @@ def parse_lossy(method: str) -> LossyRule | None:
 
 
 def is_lossless(method: str | Callable) -> bool:
-    """True for the exact methods ("token", "block", ...), False for a lossy rule string.
+    """True for the exact methods ("token", "block", "traversal", ...), False for a lossy rule.
 
     "greedy" counts as exact: it is the exact rule of greedy decoding, the only one it is for.
     A callable verify is not known to be exact, so it gives False. Unknown strings raise.
@@ -80,6 +81,8 @@ def is_lossless(method: str | Callable) -> bool:
         return False
     if not isinstance(method, str):
         raise InvalidValue(f"verify={method!r} must be a method string or a callable")
+    if method in TREE_METHODS:  # "traversal": the trees' sequence-level rule
+        return True
     return parse_lossy(method) is None
 
 

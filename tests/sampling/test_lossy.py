@@ -96,7 +96,7 @@ def test_verify_draws_with_a_lossy_rule():
 
 
 def test_parsing_and_is_lossless():
-    assert is_lossless("token") and is_lossless("block") and is_lossless("greedy")
+    assert all(is_lossless(m) for m in ("token", "block", "greedy", "traversal"))
     assert not is_lossless("lenient:0.5") and not is_lossless("typical:0.09")
     assert not is_lossless(lambda *a, **k: None)  # a custom verify is not known to be exact
     assert parse_lossy("lenient:0.5").value == 0.5 and parse_lossy("token") is None
