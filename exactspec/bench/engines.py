@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from exactspec.drafters import DraftModel, PromptLookup
+from exactspec.bench.hf_quantized import quantized_copy
+from exactspec.drafters import DraftModel, PromptLookup, QuantizedDraft
 from exactspec.engine import generate
 from exactspec.models.loading import Model
 from exactspec.sampling import SamplingParams
@@ -53,7 +54,7 @@ class EngineSpec:
 
     name: str  # shown in tables and plots
     family: str  # "exactspec" | "transformers"
-    drafter: str  # "none" | "lookup" | "draft" | "eagle"
+    drafter: str  # "none" | "lookup" | "draft" | "eagle" | "int8" | "int4" (quantized self-draft)
     k: int | str = 0  # draft tokens per step, or "auto"; 0 for plain decoding
     verify: str = "token"  # exactspec verification method ("token" | "block")
     counterpart: str | None = None  # the transformers engine this one is compared with
@@ -78,8 +79,10 @@ class Run:
     texts: list[list[int]] = field(default_factory=list)  # generated ids per row
 
 
-def default_engines(k: int = 4, eagle: bool = False, block: bool = True) -> list[EngineSpec]:
-    """exactspec plain / lookup / draft model (token, block, auto), transformers' three."""
+def default_engines(k: int = 4, eagle: bool = False, block: bool = True,
+                    qk: int = 6) -> list[EngineSpec]:
+    """exactspec plain / lookup / draft model (token, block, auto), transformers' three, and
+    the quantized self-draft (K = qk, auto) with its transformers counterpart."""
     e = [
         EngineSpec("exactspec plain", "exactspec", "none", counterpart="transformers plain"),
         EngineSpec("transformers plain", "transformers", "none"),
@@ -96,7 +99,22 @@ def default_engines(k: int = 4, eagle: bool = False, block: bool = True) -> list
     if eagle:
         e.append(EngineSpec(f"exactspec eagle K={k}", "exactspec", "eagle", k))
         e.append(EngineSpec("exactspec eagle auto", "exactspec", "eagle", "auto"))
+    e += quantized_engines(qk)
     return e if block else [s for s in e if s.verify != "block"]
+
+
+def quantized_engines(k: int, formats: tuple[str, ...] = ("int8", "int4")) -> list[EngineSpec]:
+    """The quantized self-draft at fixed K and auto, and transformers' assisted generation
+    with the same quantized copy of the target as its assistant (apples to apples)."""
+    e = []
+    for fmt in formats:
+        hf = f"transformers assisted {fmt} K={k}"
+        e += [
+            EngineSpec(f"exactspec qdraft {fmt} K={k}", "exactspec", fmt, k, counterpart=hf),
+            EngineSpec(f"exactspec qdraft {fmt} auto", "exactspec", fmt, "auto", counterpart=hf),
+            EngineSpec(hf, "transformers", fmt, k),
+        ]
+    return e
 
 
 def truncated_draft(model: nn.Module, num_layers: int) -> nn.Module:
@@ -141,12 +159,22 @@ class Engines:
         self._hf_eos = target.eos_token_ids
         self._pad = self._hf_eos[0] if self._hf_eos else 0
         self.device = dev
+        self._assistants: dict[str, nn.Module] = {}  # transformers assistant per drafter
+        self._drafters: dict[str, Callable[[], object]] = {  # exactspec drafter per name
+            "lookup": lambda: PromptLookup(min_ngram=1, max_ngram=3),
+            "draft": lambda: DraftModel(self.draft),
+            "eagle": self._eagle_drafter,
+            "int8": lambda: QuantizedDraft(8),
+            "int4": lambda: QuantizedDraft(4),
+        }
 
     def available(self, spec: EngineSpec) -> bool:
         if spec.drafter == "draft":
             return self.draft is not None
         if spec.drafter == "eagle":
             return self._eagle_factory is not None
+        if spec.drafter in ("int8", "int4"):
+            return QuantizedDraft.supports(self.target.model)
         return True
 
     def run(self, spec: EngineSpec, prompts: list[list[int]], mode: Mode, max_new_tokens: int,
@@ -158,16 +186,25 @@ class Engines:
     def _drafter(self, spec: EngineSpec):
         if spec.drafter == "none":
             return None
-        if spec.drafter == "lookup":
-            return PromptLookup(min_ngram=1, max_ngram=3)
-        if spec.drafter == "draft":
-            return DraftModel(self.draft)
-        if spec.drafter == "eagle":
-            if self._eagle is None:
-                assert self._eagle_factory is not None
-                self._eagle = self._eagle_factory()
-            return self._eagle
-        raise ValueError(f"unknown drafter {spec.drafter!r}")
+        if spec.drafter not in self._drafters:
+            raise ValueError(f"unknown drafter {spec.drafter!r}; have {sorted(self._drafters)}")
+        return self._drafters[spec.drafter]()
+
+    def _eagle_drafter(self):
+        if self._eagle is None:
+            assert self._eagle_factory is not None
+            self._eagle = self._eagle_factory()
+        return self._eagle
+
+    def _assistant(self, drafter: str) -> nn.Module:
+        """transformers' assistant model for an assisted engine (built once)."""
+        if drafter not in self._assistants:
+            if drafter == "draft":
+                assert self.draft is not None
+                self._assistants[drafter] = self.draft
+            else:  # the quantized self-draft's weights, as a transformers model
+                self._assistants[drafter] = quantized_copy(self.target.model, drafter)
+        return self._assistants[drafter]
 
     def _run_exactspec(self, spec: EngineSpec, prompts, mode: Mode, max_new_tokens: int,
                        seed: int) -> Run:
@@ -208,13 +245,13 @@ class Engines:
                       eos_token_id=self._hf_eos or None, **mode.hf_kwargs())
         if spec.drafter == "lookup":
             kwargs.update(prompt_lookup_num_tokens=int(spec.k), max_matching_ngram_size=3)
-        elif spec.drafter == "draft":
-            assert self.draft is not None
-            gc = self.draft.generation_config
+        elif spec.drafter in ("draft", "int8", "int4"):
+            assistant = self._assistant(spec.drafter)
+            gc = assistant.generation_config
             gc.num_assistant_tokens = int(spec.k)
             gc.num_assistant_tokens_schedule = "constant"
             gc.assistant_confidence_threshold = 0.0
-            kwargs.update(assistant_model=self.draft)
+            kwargs.update(assistant_model=assistant)
         elif spec.drafter != "none":
             raise ValueError(f"transformers has no {spec.drafter!r} engine")
         torch.manual_seed(seed)

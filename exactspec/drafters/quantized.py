@@ -1,9 +1,14 @@
 """QuantizedDraft: the target itself, weight-only quantized, drafts for the target.
 
 Self-speculation needs no training and no second model: at `begin` the drafter builds (once per
-target and weight version, then cached) a copy of the target's weights in int8 per output
-channel or int4 groups (`exactspec/models/formats.py`), optionally over a subset of its layers,
-and runs the same lean forward on it with its own KV cache. q is its standardized distribution,
+target and weight version, then cached) a copy of the target's weights in 8 or 4 bits and runs
+it with its own KV cache, on one of two backends:
+- "torch": int8 per output channel or int4 groups (`exactspec/models/formats.py`), optionally
+  over a subset of the target's layers, through the same lean forward as the target;
+- "llama.cpp": the target's weights written as a Q8_0 / Q4_0 GGUF (`models/gguf_export.py`,
+  in the cache directory) and run by llama.cpp (`drafters/gguf_draft.py`), whose fused CPU
+  kernels make a draft token 3-4x cheaper than torch's here (optional package).
+q is its standardized distribution,
 computed by the same function with the same parameters and history as the target's p, so the
 verification is exact for every verify method; quantization only lowers how often drafts are
 accepted. The copy follows in-place weight updates of the target (an RL policy step): its
@@ -12,33 +17,43 @@ weights' version counters are checked at every `begin`.
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import time
 from collections.abc import Sequence
 
 import torch
 
 from exactspec.drafters.base import DraftContext, TargetInfo
 from exactspec.drafters.draft_model import DraftModel
+from exactspec.drafters.gguf_draft import GgufDraft, llama_cpp_available, unload
 from exactspec.errors import InvalidType, InvalidValue
-from exactspec.models.adapter import TargetAdapter
+from exactspec.models.adapter import TargetAdapter, unwrap_model
 from exactspec.models.lean import LeanLlama, lean_forward_for
 
-BITS = {8: "int8", 4: "int4", 16: "bfloat16"}  # bits -> weight format
+log = logging.getLogger(__name__)
+
+BITS = {8: "int8", 4: "int4", 16: "bfloat16"}  # bits -> torch weight format
+GGUF_TYPES = {8: "q8_0", 4: "q4_0"}  # bits -> llama.cpp GGUF type
+BACKENDS = ("auto", "torch", "llama.cpp")
 
 
 class QuantizedDraft(DraftModel):
     """Drafts with a weight-only quantized copy of the target it is asked to draft for.
 
-    bits: 8 (int8 per output channel, bf16 activations), 4 (min-max int4 groups of
-    `group_size` along the input, bf16 activations) or 16 (bfloat16 weights). layers: the
-    target's decoder layers the draft keeps (None = all; layer skipping, LayerSkip / SWIFT
-    style; on smollm2-135m it drafts badly, see the README). Only Llama-architecture targets
-    have the lean forward this needs; others are refused at `begin`.
+    bits: 8 (int8 per output channel / Q8_0), 4 (min-max int4 groups of `group_size` along
+    the input / Q4_0) or 16 (bfloat16 weights, torch only). layers: the target's decoder layers
+    the draft keeps (None = all; layer skipping, LayerSkip / SWIFT style, torch only; on
+    smollm2-135m it drafts badly, see the README). backend: "torch", "llama.cpp", or "auto"
+    (llama.cpp when the optional llama-cpp-python package is installed and the options allow
+    it, else torch). Only Llama-architecture targets are supported; others are refused at
+    `begin`.
     """
 
     hidden_layers = None  # needs no target features
 
     def __init__(self, bits: int = 8, layers: Sequence[int] | None = None, *,
-                 group_size: int = 32) -> None:
+                 group_size: int = 32, backend: str = "auto") -> None:
         if isinstance(bits, bool) or not isinstance(bits, int):
             raise InvalidType(f"bits must be an int (8, 4 or 16), got {type(bits).__name__}")
         if bits not in BITS:
@@ -54,6 +69,21 @@ class QuantizedDraft(DraftModel):
                 raise InvalidValue(f"layers={list(layers)!r} must be increasing, without repeats")
         if isinstance(group_size, bool) or group_size not in (32, 64, 128, 256):
             raise InvalidValue(f"group_size={group_size!r} must be 32, 64, 128 or 256")
+        if backend not in BACKENDS:
+            raise InvalidValue(f"backend={backend!r} must be one of {list(BACKENDS)}")
+        if backend == "llama.cpp":
+            if bits not in GGUF_TYPES or layers is not None or group_size != 32:
+                raise InvalidValue(
+                    f"backend='llama.cpp' takes bits 8 or 4 with all layers and group_size 32 "
+                    f"(got bits={bits}, layers={layers!r}, group_size={group_size}); use "
+                    "backend='torch' for the others")
+            if not llama_cpp_available():
+                raise InvalidValue("backend='llama.cpp' needs the optional package "
+                                   "llama-cpp-python: install it with `make llama-cpp`")
+        if backend == "auto":
+            backend = "llama.cpp" if (llama_cpp_available() and bits in GGUF_TYPES
+                                      and layers is None and group_size == 32) else "torch"
+        self.backend = backend  # "torch" | "llama.cpp", resolved
         self.bits = bits  # weight bits of the copy
         self.fmt = BITS[bits]  # its weight format
         self.layers = None if layers is None else tuple(layers)  # kept decoder layers
@@ -62,10 +92,17 @@ class QuantizedDraft(DraftModel):
         self.forward: LeanLlama | None = None  # the quantized forward in use
         self._adapter: TargetAdapter | None = None
         self._fed: torch.Tensor | None = None  # [B, S] long: tokens in the draft cache slots
+        self._gguf: GgufDraft | None = None  # the llama.cpp draft in use
+        self._gguf_key: tuple | None = None  # (target id, weight versions) it was built from
+
+    @staticmethod
+    def supports(model) -> bool:
+        """Whether `model` (a transformers model or an exactspec Model) can be self-drafted."""
+        return LeanLlama.supports(unwrap_model(model))
 
     def __repr__(self) -> str:
         layers = "" if self.layers is None else f", layers={list(self.layers)}"
-        return f"QuantizedDraft(bits={self.bits}{layers})"
+        return f"QuantizedDraft(bits={self.bits}{layers}, backend={self.backend!r})"
 
     def begin(self, context: DraftContext, target: TargetInfo) -> None:
         model = target.model
@@ -76,6 +113,9 @@ class QuantizedDraft(DraftModel):
         if self.layers is not None and not all(0 <= i < n_layers for i in self.layers):
             raise InvalidValue(f"layers={list(self.layers)} must lie in 0..{n_layers - 1} (the "
                                f"target has {n_layers} layers)")
+        if self.backend == "llama.cpp":
+            self._gguf_for(model).begin(context, target)
+            return
         forward = lean_forward_for(model, self.fmt, layers=self.layers,
                                    group_size=self.group_size)
         if forward is None:
@@ -85,6 +125,42 @@ class QuantizedDraft(DraftModel):
         self.forward = forward
         self.model = _TargetView(model, target.vocab_size)
         self._start(TargetAdapter(model, forward=forward), context)
+
+    def propose(self, context: DraftContext, num_tokens: torch.Tensor):  # [B]
+        if self.backend == "llama.cpp":
+            assert self._gguf is not None, "begin() first"
+            return self._gguf.propose(context, num_tokens)
+        return super().propose(context, num_tokens)
+
+    def select(self, rows: torch.Tensor) -> None:
+        if self.backend == "llama.cpp":
+            assert self._gguf is not None, "begin() first"
+            self._gguf.select(rows)
+            return
+        super().select(rows)
+
+    def _gguf_for(self, model) -> GgufDraft:
+        """The llama.cpp draft of `model`'s current weights, exported once per weight version
+        (the file is named by a fingerprint of the weights, so later processes reuse it)."""
+        key = (id(model), tuple(p._version for p in model.parameters()))
+        if self._gguf is not None and self._gguf_key == key:
+            return self._gguf
+        from exactspec.models.gguf_export import export_gguf
+        from exactspec.models.registry import cache_root
+
+        path = cache_root() / "gguf-drafts" / f"{_fingerprint(model)}-{GGUF_TYPES[self.bits]}.gguf"
+        if not path.is_file():
+            t0 = time.perf_counter()
+            export_gguf(model, path, GGUF_TYPES[self.bits])
+            log.info("wrote the %s llama.cpp draft of the target to %s in %.1f s",
+                     GGUF_TYPES[self.bits], path, time.perf_counter() - t0)
+        if self._gguf is not None:
+            old = self._gguf.path
+            self._gguf._free()
+            if old != str(path):
+                unload(old)
+        self._gguf, self._gguf_key = GgufDraft(path), key
+        return self._gguf
 
     def _start(self, adapter: TargetAdapter, context: DraftContext) -> None:
         """Prefill the draft cache with every row's context but its last token."""
@@ -108,3 +184,14 @@ class _TargetView:
         self.model = model  # the target's transformers model
         self.vocab_size = vocab_size  # logits width
         self.name = "target"
+
+
+def _fingerprint(model) -> str:
+    """A digest of the model's weights (every 997th value of every tensor, shapes, config)."""
+    h = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            h.update(name.encode())
+            h.update(str(tuple(p.shape)).encode())
+            h.update(p.detach().reshape(-1)[::997].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:20]

@@ -23,6 +23,7 @@ from exactspec.audit.world import World, logits_table, model_world, standardize
 from exactspec.drafters import DraftModel, PromptLookup
 from exactspec.drafters.eagle import EagleDrafter
 from exactspec.drafters.eagle_head import EagleConfig, EagleHead
+from exactspec.drafters.gguf_draft import llama_cpp_available
 from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.engine import generate
 from exactspec.models.adapter import TargetAdapter
@@ -33,6 +34,8 @@ V, N, K = 8, 3, 2  # vocabulary, generated tokens compared (512 outcomes), draft
 ROWS = 8000  # copies of the prompt in one generate call
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # repeats, so prompt lookup finds something to copy
 FILTERED = SamplingParams(temperature=0.8, top_k=6, top_p=0.9)
+NEEDS_LLAMA_CPP = pytest.mark.skipif(not llama_cpp_available(),
+                                     reason="llama-cpp-python not installed (make llama-cpp)")
 PENALISED = SamplingParams(repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2,
                            min_p=0.05)
 
@@ -102,13 +105,20 @@ def eagle(target, vocab_ids: torch.Tensor | None = None) -> EagleDrafter:
     pytest.param("int4", FILTERED, "block", id="quantized-int4-filtered-block"),
     pytest.param("int4", PENALISED, "token", id="quantized-int4-penalised-token"),
     pytest.param("int8-layer1", FILTERED, "token", id="quantized-int8-one-layer-token"),
+    pytest.param("q8_0", FILTERED, "token", id="quantized-llama.cpp-q8-filtered-token",
+                 marks=NEEDS_LLAMA_CPP),
+    pytest.param("q4_0", PENALISED, "block", id="quantized-llama.cpp-q4-penalised-block",
+                 marks=NEEDS_LLAMA_CPP),
 ])
 def test_generate_matches_the_target(models, drafter, params, method):
     make = {"draft model": lambda: DraftModel(models[1]), "prompt lookup": PromptLookup,
             "eagle": lambda: eagle(models[0]),
             "eagle-5": lambda: eagle(models[0], torch.tensor([0, 1, 2, 3, 5])),
-            "int8": lambda: QuantizedDraft(8), "int4": lambda: QuantizedDraft(4),
-            "int8-layer1": lambda: QuantizedDraft(8, layers=[1])}[drafter]
+            "int8": lambda: QuantizedDraft(8, backend="torch"),
+            "int4": lambda: QuantizedDraft(4, backend="torch"),
+            "q8_0": lambda: QuantizedDraft(8, backend="llama.cpp"),
+            "q4_0": lambda: QuantizedDraft(4, backend="llama.cpp"),
+            "int8-layer1": lambda: QuantizedDraft(8, layers=[1], backend="torch")}[drafter]
     counts, accepted = _counts(models, make(), params, method, seed=5)
     assert accepted > ROWS // 10  # drafts were really used, not only bonus tokens
     result = chi_square(counts, target_law(_world(models, params), N))
@@ -187,15 +197,16 @@ def test_a_wrong_quantized_drafter_in_the_engine_is_caught(models, bits):
     its exact wrong law (from the quantized forward's own logits) is rejected end to end."""
     target_model, _, target_logits, _ = models
     depth = N + K
-    q_logits = logits_table(lean_logits(target_model, QuantizedDraft(bits).fmt), PROMPT, V, depth)
+    q_logits = logits_table(lean_logits(target_model, QuantizedDraft(bits, backend="torch").fmt),
+                            PROMPT, V, depth)
     good = model_world(target_logits, q_logits, V, depth, TEMPERATURE, PROMPT)
     drawn = standardize(q_logits, V, depth, SamplingParams(), tuple(PROMPT))
     bad = World("hot quantized drafter", V, depth, good.target, drawn, good.claimed)
     target = target_law(good, N)
     wrong = output_law(bad, Speculative("token", K), N)
     assert power(target, wrong, ROWS) > 1 - 1e-6
-    counts, accepted = _counts(models, HotDrafter(QuantizedDraft(bits)), TEMPERATURE, "token",
-                               seed=8)
+    counts, accepted = _counts(models, HotDrafter(QuantizedDraft(bits, backend="torch")),
+                               TEMPERATURE, "token", seed=8)
     assert accepted > ROWS // 10
     assert chi_square(counts, target).rejected
     assert not chi_square(counts, wrong).rejected

@@ -7,6 +7,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from exactspec import SamplingParams
+from exactspec.drafters.gguf_draft import llama_cpp_available
 from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.engine import generate
 from exactspec.models.lean import lean_forward_for
@@ -45,20 +46,77 @@ def test_a_target_without_the_lean_forward_is_refused():
                  max_new_tokens=4)
 
 
-def test_the_copy_is_cached_and_rebuilt_after_a_weight_update():
+BACKENDS = ["torch", pytest.param("llama.cpp", marks=pytest.mark.skipif(
+    not llama_cpp_available(), reason="llama-cpp-python not installed (make llama-cpp)"))]
+
+
+def _built(drafter: QuantizedDraft):
+    """What the drafter built from the target's weights (the lean copy or the GGUF draft)."""
+    return drafter.forward if drafter.backend == "torch" else drafter._gguf
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_copy_is_cached_and_rebuilt_after_a_weight_update(backend):
     target = tiny_llama(0)
-    drafter = QuantizedDraft(8)
+    drafter = QuantizedDraft(8, backend=backend)
     generate(target, [[1, 2, 3]], drafter=drafter, params=GREEDY, max_new_tokens=4)
-    first = drafter.forward
+    first = _built(drafter)
     generate(target, [[4, 5]], drafter=drafter, params=GREEDY, max_new_tokens=4)
-    assert drafter.forward is first  # built once per target, not per call
-    assert lean_forward_for(target, "int8") is first
+    assert _built(drafter) is first  # built once per target, not per call
+    if backend == "torch":
+        assert lean_forward_for(target, "int8") is first
     with torch.no_grad():  # an in-place policy update, as an RL step makes
         for p in target.parameters():
             p.mul_(-1.0)
     out = generate(target, [[1, 2, 3]], drafter=drafter, params=GREEDY, max_new_tokens=12)
-    assert drafter.forward is not first
+    assert _built(drafter) is not first
     plain = generate(target, [[1, 2, 3]], params=GREEDY, max_new_tokens=12)
     assert out[0].token_ids == plain[0].token_ids
     # the rebuilt copy drafts the new weights: it agrees with the new target
     assert out[0].stats.accepted > out[0].stats.drafted // 2
+
+
+def test_auto_backend_follows_what_is_installed():
+    assert QuantizedDraft(8).backend == ("llama.cpp" if llama_cpp_available() else "torch")
+    assert QuantizedDraft(8, layers=[0]).backend == "torch"  # llama.cpp keeps every layer
+    assert QuantizedDraft(16).backend == "torch"
+    with pytest.raises(ValueError, match=r"backend='llama\.cpp' takes bits 8 or 4"):
+        QuantizedDraft(16, backend="llama.cpp")
+    with pytest.raises(ValueError, match="backend='cuda'"):
+        QuantizedDraft(8, backend="cuda")
+
+
+@pytest.mark.skipif(not llama_cpp_available(), reason="llama-cpp-python not installed")
+def test_gguf_export_computes_the_model(tmp_path):
+    """llama.cpp on the F32 export gives transformers' logits, up to its f16 KV cache (a
+    relative rounding of 2^-11 per cached value; bound: 1% of the logits' range)."""
+    from exactspec.drafters.gguf_draft import GgufDraft
+    from exactspec.models.gguf_export import export_gguf
+
+    model = tiny_llama(0, vocab=64, hidden=64)
+    draft = GgufDraft(export_gguf(model, tmp_path / "tiny.gguf", "f32"))
+    ids = [[1, 5, 9, 13, 7], [2, 4]]
+    ctx = _context(ids, 64)
+    draft.begin(ctx, _info(64))
+    got = draft._decode([(0, r) for r in ids])  # [2, V] after each row's last token
+    with torch.no_grad():
+        want = torch.stack([model(torch.tensor([r])).logits[0, -1] for r in ids])
+    assert float((got - want).abs().max()) <= 0.01 * float(want.abs().max())
+
+
+def _context(rows, vocab):
+    from exactspec.drafters.base import DraftContext
+    from exactspec.sampling import RowStreams
+
+    width = max(map(len, rows)) + 8
+    tokens = torch.full((len(rows), width), -1, dtype=torch.long)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = torch.tensor(r)
+    lengths = torch.tensor([len(r) for r in rows])
+    return DraftContext(tokens, lengths, lengths.clone(), GREEDY, RowStreams.from_seed(0, len(rows)))
+
+
+def _info(vocab):
+    from exactspec.drafters.base import TargetInfo
+
+    return TargetInfo(vocab, None)

@@ -6,6 +6,7 @@ import pytest
 
 from exactspec import SamplingParams
 from exactspec.drafters import DraftModel, PromptLookup
+from exactspec.drafters.gguf_draft import llama_cpp_available
 from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.engine import generate
 from tests.engine.tiny import contrarian, perturbed, tiny_llama
@@ -30,14 +31,22 @@ def _drafters(target):
         "contrarian": DraftModel(contrarian(target)),  # never agrees
         "perturbed": DraftModel(perturbed(target, 0.3)),  # agrees partly
         "prompt-lookup": PromptLookup(1, 3),
-        "int8": QuantizedDraft(8),  # the target itself, quantized: agrees nearly always
-        "int4": QuantizedDraft(4),
-        "int8-one-layer": QuantizedDraft(8, layers=[1]),  # layer skipping: agrees partly
+        "int8": QuantizedDraft(8, backend="torch"),  # the target itself, quantized
+        "int4": QuantizedDraft(4, backend="torch"),
+        "int8-one-layer": QuantizedDraft(8, layers=[1], backend="torch"),  # agrees partly
+        **({"q8_0": QuantizedDraft(8, backend="llama.cpp"),  # the same through llama.cpp
+            "q4_0": QuantizedDraft(4, backend="llama.cpp")} if llama_cpp_available() else {}),
     }
 
 
+NEEDS_LLAMA_CPP = pytest.mark.skipif(not llama_cpp_available(),
+                                     reason="llama-cpp-python not installed (make llama-cpp)")
+
+
 @pytest.mark.parametrize("name", ["self", "contrarian", "perturbed", "prompt-lookup", "int8",
-                                  "int4", "int8-one-layer"])
+                                  "int4", "int8-one-layer",
+                                  pytest.param("q8_0", marks=NEEDS_LLAMA_CPP),
+                                  pytest.param("q4_0", marks=NEEDS_LLAMA_CPP)])
 @pytest.mark.parametrize("k", [1, 4, "auto"])
 def test_greedy_speculative_equals_plain(target, plain, name, k):
     drafter = _drafters(target)[name]
@@ -52,7 +61,7 @@ def test_greedy_speculative_equals_plain(target, plain, name, k):
         assert accepted == 0 and drafted > 0
     if name in ("perturbed", "int8-one-layer"):
         assert 0 < accepted < drafted
-    if name in ("int8", "int4"):
+    if name in ("int8", "int4", "q8_0", "q4_0"):
         assert accepted > drafted // 2
 
 
