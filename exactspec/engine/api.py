@@ -26,7 +26,7 @@ from exactspec.engine.loop import DecodeConfig, Decoder, RowOutput, VerifyFn
 from exactspec.engine.results import Generation
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.models.loading import Model, as_model
-from exactspec.sampling import RowStreams, SamplingParams
+from exactspec.sampling import RowStreams, SamplingParams, is_lossless
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +214,7 @@ class _Job:
             logprobs=out.logprobs if self.cfg.return_logprobs else None,
             stats=out.stats,
             finish_reason=out.finish_reason or "length",
+            lossless=self.drafter is None or is_lossless(self.cfg.verify),
         )
 
 

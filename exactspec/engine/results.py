@@ -94,3 +94,6 @@ class Generation:
     logprobs: list[float] | None  # log p of each token under the target's standardized distribution
     stats: GenerationStats  # steps, acceptance, timing
     finish_reason: str = "length"  # "eos" | "stop" (a stop string) | "length" (max_new_tokens)
+    # True when every token is distributed exactly as the target samples it; False when an
+    # opt-in lossy verify rule ("lenient:L", "typical:EPS") or an uncertified callable decided
+    lossless: bool = True

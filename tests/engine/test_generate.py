@@ -227,3 +227,16 @@ def test_tokenizer_mismatch_is_an_error():
     with pytest.raises(ValueError, match="vocabulary"):
         generate(target, "hi", drafter=DraftModel(Model(tiny_llama(1), tok, "other")),
                  max_new_tokens=3)
+
+
+def test_lossless_flag_is_false_only_under_a_lossy_or_uncertified_rule(target, draft):
+    def run(verify, drafter=True, params=SAMPLED):
+        out = generate(target, PROMPTS, drafter=DraftModel(draft) if drafter else None,
+                       params=params, max_new_tokens=6, verify=verify)
+        return {g.lossless for g in out}
+
+    assert run("token") == run("block") == {True}
+    assert run("greedy", params=SamplingParams(temperature=0)) == {True}
+    assert run("lenient:0.5") == {False}
+    assert run(exact_verify) == {False}  # a callable is not known to be exact
+    assert run("lenient:0.5", drafter=False) == {True}  # plain decoding verifies nothing
