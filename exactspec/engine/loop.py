@@ -13,9 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from exactspec.drafters.base import Drafter, TargetInfo
-from exactspec.drafters.draft_model import DraftModel
-from exactspec.drafters.eagle import EagleDrafter
-from exactspec.drafters.prompt_lookup import PromptLookup
 from exactspec.engine.batch import BatchState, Row, RowOutput
 from exactspec.engine.policy import AUTO_MAX_DRAFT, DraftLengthPolicy
 from exactspec.engine.step import Clock, NoDrafter, StepRules, decode_step, plain_rule
@@ -25,8 +22,14 @@ from exactspec.models.loading import Model, as_model
 from exactspec.sampling import RowStreams, SamplingParams, Verdict, verify
 
 VerifyFn = Callable[..., Verdict]
-# drafters whose q is made by probs_from_logits inside exactspec: not re-validated per step
-TRUSTED_DRAFTERS = (DraftModel, EagleDrafter, PromptLookup, NoDrafter)
+
+
+def engine_made(drafter: Drafter) -> bool:
+    """Whether the drafter's q is made by exactspec's own code (its class is defined inside
+    exactspec, where q comes from probs_from_logits): then it is not re-validated per step.
+    A user's drafter, a subclass of ours included, has its q checked every step."""
+    return type(drafter).__module__.split(".")[0] == "exactspec"
+
 
 __all__ = ["BatchDecoder", "DecodeConfig", "Decoder", "Row", "RowOutput", "VerifyFn"]
 
@@ -83,7 +86,7 @@ class Decoder:
             DraftLengthPolicy(k, 0), tuple(layers) if layers is not None else None, extra)
         self.rules = StepRules(
             verify=verify_rule(drafter, cfg.verify),
-            check_q=type(self.batch.drafter) not in TRUSTED_DRAFTERS,
+            check_q=not engine_made(self.batch.drafter),
             max_new_tokens=cfg.max_new_tokens, return_logprobs=cfg.return_logprobs)
 
     @property
