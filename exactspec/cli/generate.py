@@ -13,7 +13,7 @@ import sys
 from exactspec.cli.common import UsageError, at_least, refuse_without, value_or
 
 DTYPES = ("float32", "bfloat16")  # what exactspec.load accepts as dtype
-DRAFTER_FLAGS = "a drafter (--draft, --prompt-lookup or --eagle)"
+DRAFTER_FLAGS = "a drafter (--draft, --prompt-lookup, --eagle, --quantized-draft or --gguf-draft)"
 K_DEFAULT = 4  # draft tokens per step when --num-draft-tokens is not given
 VERIFY_DEFAULT = "token"  # verification method when --verify is not given
 
@@ -49,6 +49,18 @@ def add(sub) -> None:
     drafters.add_argument("--eagle", metavar="HEAD", nargs="?", const="smollm2-135m", default=None,
                           help="draft with an EAGLE-style head over the target's features: the "
                           "shipped name (default smollm2-135m) or a directory from train-draft")
+    drafters.add_argument("--quantized-draft", metavar="BITS", type=int, choices=(8, 4, 16),
+                          default=None, help="draft with the target itself, weight-only "
+                          "quantized to 8 or 4 bits (or bf16: 16); needs no training")
+    drafters.add_argument("--gguf-draft", metavar="GGUF", nargs="?", const="", default=None,
+                          help="draft with llama.cpp running a GGUF of the target (default: "
+                          "the embedded model's own file); needs llama-cpp-python")
+    p.add_argument("--draft-backend", choices=("auto", "torch", "llama.cpp"), default=None,
+                   help="how --quantized-draft runs: llama.cpp (fastest; `make llama-cpp`), "
+                   "torch, or auto (llama.cpp when installed; default)")
+    p.add_argument("--draft-layers", metavar="I,J,..", default=None,
+                   help="--quantized-draft keeps only these target layers (e.g. 0-9,20-29; "
+                   "torch backend)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
@@ -81,17 +93,37 @@ def check_combinations(args: argparse.Namespace) -> None:
     """Refuse flags that would be silently ignored in this combination (one line each)."""
     if not args.prompt.strip():
         raise UsageError("the prompt is empty")
-    has_drafter = bool(args.draft or args.prompt_lookup or args.eagle)
+    has_drafter = bool(args.draft or args.prompt_lookup or args.eagle
+                       or args.quantized_draft or args.gguf_draft is not None)
     refuse_without(args, {"num_draft_tokens": "--num-draft-tokens", "verify": "--verify",
                           "compare_plain": "--compare-plain"}, has_drafter,
                    DRAFTER_FLAGS + "; without one, decoding is plain")
+    refuse_without(args, {"draft_backend": "--draft-backend", "draft_layers": "--draft-layers"},
+                   bool(args.quantized_draft), "--quantized-draft")
+    args.draft_layers = _layers(args.draft_layers)
+
+
+def _layers(text: str | None) -> list[int] | None:
+    """'0-3,7' -> [0, 1, 2, 3, 7]; the library checks them against the target."""
+    if text is None:
+        return None
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    except ValueError:
+        raise UsageError(f"--draft-layers {text!r}: expected layer indices like 0-9,20-29") \
+            from None
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     check_combinations(args)
     import json
 
-    from exactspec.drafters import DraftModel, PromptLookup, load_drafter
+    from exactspec.drafters import DraftModel, PromptLookup, QuantizedDraft, load_drafter
+    from exactspec.drafters.gguf_draft import GgufDraft
     from exactspec.engine import generate, stream
     from exactspec.models import load
     from exactspec.sampling import SamplingParams
@@ -113,6 +145,13 @@ def run(args: argparse.Namespace) -> int:
         drafter, drafter_name = PromptLookup(), "prompt lookup"
     elif args.eagle:
         drafter, drafter_name = load_drafter(args.eagle, target=model), f"eagle {args.eagle}"
+    elif args.quantized_draft:
+        drafter = QuantizedDraft(args.quantized_draft, layers=args.draft_layers,
+                                 backend=args.draft_backend or "auto")
+        drafter_name = f"quantized draft {drafter.bits}-bit ({drafter.backend})"
+    elif args.gguf_draft is not None:
+        drafter = GgufDraft(args.gguf_draft or args.model)
+        drafter_name = f"gguf draft {drafter!r}"
     verify = value_or(args, "verify", VERIFY_DEFAULT)
     ids = model.encode(args.prompt, chat=not args.no_chat)
     if len(ids) >= model.max_context:

@@ -45,6 +45,8 @@ class DraftLengthPolicy:
         self.draft_cost: float | None = None  # EMA seconds per draft position
         self.target_cost: dict[int, float] = {}  # width -> EMA seconds per target forward
         self.steps = 0  # choices made so far
+        self._observations: dict = {}  # "draft" / width -> measurements taken so far
+        self._drafted_last = True  # whether the previous step drafted (no catch-up pending)
 
     def choose(self, room: torch.Tensor | None = None) -> torch.Tensor:  # [B] -> [B] long
         """Each row's draft length; `room` ([B] long, default unbounded) caps row b's."""
@@ -93,14 +95,26 @@ class DraftLengthPolicy:
 
     def observe_costs(self, draft_seconds: float, num_draft: int, target_seconds: float,
                       width: int) -> None:
-        if num_draft > 0:
-            self._ema_draft(draft_seconds / num_draft)
-        old = self.target_cost.get(width)
-        self.target_cost[width] = target_seconds if old is None else 0.8 * old + 0.2 * target_seconds
+        """One step's measured costs. Two one-off costs are kept out of the estimates: the
+        first measurement of each quantity is dropped (first calls pay for allocation and
+        lazy set-up: a float32 target's first one-row step builds its one-row weight copy,
+        974 ms against 45 ms, after which auto never chose plain steps again; llama.cpp's
+        first draft took 90 ms a token against 12), and a drafting step right after a step
+        without drafts is not counted (the drafter then also catches up on every token it
+        skipped)."""
+        if num_draft > 0 and self._drafted_last:
+            self.draft_cost = self._ema(self.draft_cost, draft_seconds / num_draft, "draft")
+        self._drafted_last = num_draft > 0
+        cost = self._ema(self.target_cost.get(width), target_seconds, width)
+        if cost is not None:
+            self.target_cost[width] = cost
 
-    def _ema_draft(self, per_token: float) -> None:
-        d = self.draft_cost
-        self.draft_cost = per_token if d is None else 0.8 * d + 0.2 * per_token
+    def _ema(self, old: float | None, new: float, key) -> float | None:
+        seen = self._observations.get(key, 0)
+        self._observations[key] = seen + 1
+        if seen == 0:
+            return old  # the first measurement of a quantity is dropped
+        return new if old is None else 0.8 * old + 0.2 * new
 
     def admit(self, num_rows: int) -> None:
         """Append `num_rows` new rows with no observations yet."""

@@ -126,3 +126,20 @@ def test_per_row_lengths_are_capped_by_each_rows_room_and_brute_force_optimal():
     best = max(range(AUTO_MAX_DRAFT + 1), key=rate)
     assert best > 2  # the rows with room draft beyond the others' caps
     assert chosen == [min(best, int(r)) for r in room]
+
+
+def test_first_measurements_and_catch_up_steps_are_not_costs():
+    """A width's first forward (lazy set-up) and a draft right after a plain step (catch-up)
+    would each poison the estimates; neither is counted."""
+    pol = DraftLengthPolicy("auto", 1)
+    pol.observe_costs(0.090, 4, 0.500, 5)  # first draft and first width-5 forward: dropped
+    assert pol.draft_cost is None and 5 not in pol.target_cost
+    pol.observe_costs(0.048, 4, 0.070, 5)
+    assert pol.draft_cost == 0.012 and pol.target_cost[5] == 0.070
+    pol.observe_costs(0.0, 0, 1.900, 1)  # first width-1 forward: dropped
+    pol.observe_costs(0.0, 0, 0.045, 1)
+    assert pol.target_cost[1] == 0.045
+    pol.observe_costs(0.400, 4, 0.070, 5)  # drafting after a plain step: catch-up, not counted
+    assert pol.draft_cost == 0.012
+    pol.observe_costs(0.052, 4, 0.070, 5)
+    assert abs(pol.draft_cost - (0.8 * 0.012 + 0.2 * 0.013)) < 1e-12
