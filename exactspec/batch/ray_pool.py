@@ -123,24 +123,39 @@ class RayPool:
                 self._replace(actor)
 
     def run(self, shards: list[list[Task]]) -> Iterator[list[dict]]:
-        """Each shard's records as soon as it finishes, in finishing order."""
+        """Each shard's records as soon as it finishes, in finishing order.
+
+        A replacement actor gets work only once it has loaded its model, so a redone shard
+        goes to whichever actor is free first."""
         errors = self._ray.exceptions.RayActorError
         pending = deque(shards)
-        inflight: dict = {}  # object ref -> (actor, shard)
+        inflight: dict = {}  # object ref of a run -> (actor, shard)
+        starting: dict = {}  # object ref of a replacement's pid() -> the replacement
         idle = list(self.actors)
         while pending or inflight:
             while idle and pending:
                 actor, shard = idle.pop(), pending.popleft()
                 inflight[actor.run.remote(shard)] = (actor, shard)
-            ready, _ = self._ray.wait(list(inflight), num_returns=1)
+            ready, _ = self._ray.wait([*inflight, *starting], num_returns=1)
             for ref in ready:
+                if ref in starting:
+                    actor = starting.pop(ref)
+                    try:
+                        self._ray.get(ref)
+                    except errors:  # died while loading: replace it again
+                        fresh = self._replace(actor)
+                        starting[fresh.pid.remote()] = fresh
+                        continue
+                    idle.append(actor)
+                    continue
                 actor, shard = inflight.pop(ref)
                 try:
                     records = self._ray.get(ref)
                 except errors:
                     self.redone += 1
                     pending.appendleft(shard)
-                    idle.append(self._replace(actor))
+                    fresh = self._replace(actor)
+                    starting[fresh.pid.remote()] = fresh
                     continue
                 idle.append(actor)
                 yield records
