@@ -57,7 +57,7 @@ class BatchState:
                  policy: DraftLengthPolicy, layers: tuple[int, ...] | None,
                  extra_slots: int) -> None:
         self.target = target  # the target's forward and KV cache
-        self.drafter = drafter  # None: plain decoding
+        self.drafter = drafter  # NoDrafter for plain decoding
         self.info = info  # what the drafter may check about the target
         self.policy = policy  # per-row draft lengths
         self.layers = layers  # target features the drafter reads, or None
@@ -129,8 +129,7 @@ class BatchState:
         self.rows += rows
         self._groups = None
         self.policy.admit(len(rows))
-        if self.drafter is not None:  # (re)starts over the whole batch, admitted rows included
-            self.drafter.begin(self.context(), self.info)
+        self.drafter.begin(self.context(), self.info)  # (re)starts over the whole batch
 
     def select(self, keep: list[int]) -> None:
         """Keep only the rows at batch positions `keep`, in that order, everywhere."""

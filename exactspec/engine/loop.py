@@ -75,6 +75,7 @@ class Decoder:
         target = as_model(target)
         self.target = target
         self.cfg = cfg
+        self.admitted = False  # whether rows were admitted before (their clocks start later)
         adapter = TargetAdapter(target.model)
         self.clock.device = adapter.device
         k = 0 if drafter is None else cfg.num_draft_tokens
@@ -100,9 +101,10 @@ class Decoder:
         if not rows:
             return
         started = 0.0
-        if self.batch.rows:  # a later admission: timed alone, its rows' clocks start here
+        if self.admitted:  # a later admission: timed alone, its rows' clocks start here
             self.clock.lap()
             started = self.clock.last - self.clock.start
+        self.admitted = True
         self.batch.admit(rows, self.cfg.max_new_tokens)
         prefill = self.clock.lap()
         for r in rows:
