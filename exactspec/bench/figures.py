@@ -30,8 +30,37 @@ def analytic_bound(alpha: float, k: float, c: float) -> float:
     return tokens / (k * c + 1)
 
 
+CPU_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+             "amx_bf16", "amx_int8")  # the flags that pick kernels (formats.py, llama.cpp)
+
+
+def cpu_flags() -> list[str]:
+    """Which of CPU_FLAGS this CPU reports (/proc/cpuinfo; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return []
+    have = set(line.split(":", 1)[-1].split())
+    return [f for f in CPU_FLAGS if f in have]
+
+
+def read_bandwidth_gbs(megabytes: int = 512, repeats: int = 7) -> float:
+    """Memory read bandwidth torch reaches here (GB/s): the fastest sum over a buffer far
+    larger than the caches, with torch's current threads."""
+    import time
+
+    x = torch.ones(megabytes * (1 << 20) // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best / 1e9
+
+
 def machine_info() -> dict:
-    """What the figures were measured on."""
+    """What the figures were measured on: the CPU's torch capability and kernel flags too."""
     import os
 
     info = {
@@ -42,6 +71,8 @@ def machine_info() -> dict:
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": platform.python_version(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_flags": cpu_flags(),
     }
     try:
         import transformers

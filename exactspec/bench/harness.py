@@ -21,7 +21,7 @@ from importlib import resources
 from tqdm.auto import tqdm
 
 from exactspec.bench.engines import MODES, Engines, EngineSpec, Run, add_counts, default_engines
-from exactspec.bench.figures import analytic_bound, fit_alpha, machine_info
+from exactspec.bench.figures import analytic_bound, fit_alpha, machine_info, read_bandwidth_gbs
 from exactspec.models.loading import Model
 
 log = logging.getLogger(__name__)
@@ -63,11 +63,14 @@ class BenchConfig:
     k: int = 4  # fixed draft length of the K engines
     sweep_ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # speedup vs K
     sweep_workload: str = "code_edit"  # greedy, the sweep's workload
-    sweep_drafters: list[str] = field(default_factory=lambda: ["lookup", "draft", "eagle"])
+    sweep_drafters: list[str] = field(default_factory=lambda: ["lookup", "draft", "eagle",
+                                                               "int8"])
     block: bool = True  # include the block-verification engines (sampling modes only)
     batch_rows: int = 8  # rows of the batched comparison (0 = skip)
     batch_max_new_tokens: int = 48  # per row in the batched comparison
     draft_layers: int = 4  # truncated-target draft model: its first N layers
+    engines: list[str] | None = None  # keep engines whose name contains one of these
+    qk: int = 6  # fixed draft length of the quantized self-draft engines
 
     @classmethod
     def quick_config(cls) -> BenchConfig:
@@ -82,7 +85,8 @@ def _median(xs: list[float]) -> float:
 
 
 class Bench:
-    """Runs the comparison for one target; `run()` returns the JSON-ready result dict."""
+    """Runs the comparison for one target; `run()` returns the JSON-ready result dict (on
+    Ctrl-C, with "interrupted": True and what was measured so far)."""
 
     def __init__(self, target: Model, cfg: BenchConfig, *, engines: list[EngineSpec] | None = None,
                  draft=None, draft_note: str = "", eagle_factory: Callable[[], object] | None = None,
@@ -91,8 +95,12 @@ class Bench:
         self.cfg = cfg
         self.runner = Engines(target, draft, eagle_factory)
         specs = engines or default_engines(cfg.k, eagle=eagle_factory is not None,
-                                           block=cfg.block)
-        self.specs = [s for s in specs if self.runner.available(s)]
+                                           block=cfg.block, qk=cfg.qk)
+        self.specs = [s for s in specs if self.runner.available(s)
+                      and (cfg.engines is None or any(e in s.name for e in cfg.engines))]
+        if not self.specs:
+            raise ValueError(f"no engine matches {cfg.engines}; names are "
+                             f"{[s.name for s in specs]}")
         self.draft_note = draft_note
         self.progress = progress
         wl = workloads if workloads is not None else load_workloads()
@@ -147,6 +155,9 @@ class Bench:
         total = len(self.specs) + len(jobs) + len(sweep) * cfg.rounds + len(batch) * cfg.rounds
         bar = tqdm(total=total, desc="bench", unit="run", disable=not self.progress)
         runs: dict[tuple[str, str, str], list[list[Run]]] = {}
+        sweep_runs: dict[str, list[Run]] = {}
+        batch_runs: dict[str, list[Run]] = {}
+        interrupted = False  # Ctrl-C: summarise the runs measured so far
         try:
             warm = self._encode(self.workloads[0].prompts[0])
             for s in self.specs:  # warm-up: first calls pay for allocation and lazy init
@@ -164,12 +175,15 @@ class Bench:
                 bar.update()
             sweep_runs = self._run_group(sweep, self._sweep_prompts(), bar, "sweep")
             batch_runs = self._run_group(batch, self._batch_prompts(), bar, "batch")
+        except KeyboardInterrupt:
+            interrupted = True
         finally:
             bar.close()
         result = {
             "schema": SCHEMA_VERSION,
             "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": machine_info(),
+            "bandwidth": self._bandwidth(runs),
             "model": self.target.name,
             "config": asdict(cfg),
             "draft_note": self.draft_note,
@@ -179,7 +193,37 @@ class Bench:
             "batch": self._summarise_group(batch, batch_runs, "batch"),
         }
         result["duration_seconds"] = time.perf_counter() - start
+        result["interrupted"] = interrupted
         return result
+
+    def _bandwidth(self, runs: dict[tuple[str, str, str], list[list[Run]]]) -> dict:
+        """One-token steps as a share of the memory-bandwidth limit: weight bytes a step reads
+        / its time, against the read bandwidth measured here (figures.read_bandwidth_gbs)."""
+        from exactspec.models.lean import lean_forward_for
+
+        lean = lean_forward_for(self.target.model)
+        out: dict = {"read_gbs": read_bandwidth_gbs()}
+        if lean is None:
+            return out
+        out["target_weight_bytes"] = lean.weight_bytes
+        steps = {}
+        for (engine, _, _), rounds in runs.items():
+            for r in (r for rs in rounds for r in rs):
+                if engine == "exactspec plain" and r.steps:
+                    steps.setdefault(engine, []).append(r.target_seconds / r.steps)
+                elif engine == "transformers plain" and r.tokens:
+                    steps.setdefault(engine, []).append(r.seconds / r.tokens)
+                elif engine.startswith("exactspec qdraft") and r.drafted:
+                    steps.setdefault("qdraft draft token", []).append(r.draft_seconds / r.drafted
+                                                                     * len(r.texts))
+        bytes_per_gb = out["target_weight_bytes"] / 1e9
+        for name, xs in steps.items():
+            ms = _median(xs) * 1e3
+            row = {"step_ms": ms}
+            if name != "qdraft draft token":
+                row["share_of_limit"] = bytes_per_gb / (ms / 1e3) / out["read_gbs"]
+            out[name] = row
+        return out
 
     # --- sweep (speedup against K) and batch (8 rows at once) --------------------------------
 
@@ -189,10 +233,8 @@ class Bench:
         out = [EngineSpec("exactspec plain", "exactspec", "none")]
         for d in self.cfg.sweep_drafters:
             for k in self.cfg.sweep_ks:
-                s = EngineSpec(f"exactspec {d} K={k}", "exactspec", d, k)
-                if self.runner.available(s):
-                    out.append(s)
-        return out
+                out.append(EngineSpec(f"exactspec {d} K={k}", "exactspec", d, k))
+        return self._selected(out)
 
     def _sweep_prompts(self) -> list[list[list[int]]]:
         w = next(w for w in self.workloads if w.name == self.cfg.sweep_workload)
@@ -203,10 +245,17 @@ class Bench:
         out = [EngineSpec("exactspec plain", "exactspec", "none"),
                EngineSpec(f"exactspec lookup K={k}", "exactspec", "lookup", k),
                EngineSpec("exactspec lookup auto", "exactspec", "lookup", "auto")]
-        s = EngineSpec("exactspec eagle K=4", "exactspec", "eagle", k)
-        if self.runner.available(s):
-            out.append(s)
-        return out
+        out += [EngineSpec("exactspec eagle K=4", "exactspec", "eagle", k),
+                EngineSpec(f"exactspec qdraft int8 K={self.cfg.qk}", "exactspec", "int8",
+                           self.cfg.qk),
+                EngineSpec("exactspec qdraft int8 auto", "exactspec", "int8", "auto")]
+        return self._selected(out)
+
+    def _selected(self, specs: list[EngineSpec]) -> list[EngineSpec]:
+        """The available specs that --engines keeps (plain always: ratios need it)."""
+        keep = self.cfg.engines
+        return [s for s in specs if self.runner.available(s) and (
+            keep is None or s.drafter == "none" or any(e in s.name for e in keep))]
 
     def _batch_prompts(self) -> list[list[list[int]]]:
         grounded = [p for w in self.workloads if w.input_grounded for p in w.prompts]

@@ -86,7 +86,20 @@ def format_report(result: dict, *, markdown: bool = False) -> str:
             f"{m['torch_threads']} threads, transformers {m.get('transformers', '?')}"
             + (f", GPU {m['cuda']}" if m.get("cuda") else ", no GPU")
             + f"; {result['config']['rounds']} round(s), duration {result['duration_seconds']:.0f} s")
-    parts = [head]
+    parts = [head, f"CPU: torch capability {m.get('cpu_capability', '?')}, flags "
+                   f"{' '.join(m.get('cpu_flags', [])) or '?'}"]
+    bw = result.get("bandwidth") or {}
+    if bw.get("read_gbs"):
+        line = f"memory: read bandwidth {bw['read_gbs']:.1f} GB/s"
+        if "target_weight_bytes" in bw:
+            line += f"; a target step reads {bw['target_weight_bytes'] / 1e6:.0f} MB of weights"
+        for name in ("exactspec plain", "transformers plain"):
+            if name in bw:
+                line += (f"; {name} one-token step {bw[name]['step_ms']:.1f} ms = "
+                         f"{100 * bw[name]['share_of_limit']:.0f}% of the bandwidth limit")
+        if "qdraft draft token" in bw:
+            line += f"; quantized draft token {bw['qdraft draft token']['step_ms']:.1f} ms"
+        parts.append(line)
     if result.get("draft_note"):
         parts.append(f"draft model: {result['draft_note']}")
     for mode in dict.fromkeys(r["mode"] for r in result["results"]):

@@ -28,6 +28,15 @@ def add(sub) -> None:
     p.add_argument("--draft-layers", type=at_least(1), default=None,
                    help="the draft model is the target's first N layers (default 4)")
     p.add_argument("--no-eagle", action="store_true", help="skip the EAGLE head engine")
+    p.add_argument("--engines", default=None, metavar="A,B",
+                   help="only engines whose name contains one of these (e.g. "
+                   "'plain,qdraft,assisted int8'; default: all)")
+    p.add_argument("--modes", default=None, metavar="M,N",
+                   help="sampling modes among greedy, t1, t0.7p0.9 (default: all; quick: 2)")
+    p.add_argument("--workloads", default=None, metavar="W,X",
+                   help="shipped workloads by name (e.g. chat,long; default: all)")
+    p.add_argument("--max-new-tokens", type=at_least(1), default=None,
+                   help="token budget of every workload (default: each workload's, capped)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if "
                    "available, else cpu)")
     p.set_defaults(run=run)
@@ -50,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
         cfg.rounds = args.rounds
     if args.draft_layers is not None:
         cfg.draft_layers = args.draft_layers
+    for flag in ("engines", "modes", "workloads"):
+        if getattr(args, flag) is not None:
+            setattr(cfg, flag, [x.strip() for x in getattr(args, flag).split(",") if x.strip()])
+    if args.max_new_tokens is not None:
+        cfg.max_new_tokens = args.max_new_tokens
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if not args.verbose:  # transformers warns on every assisted-generation call
         import transformers

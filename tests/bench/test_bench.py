@@ -56,16 +56,24 @@ def test_schema(result):
                 "batch", "duration_seconds", "draft_note"):
         assert key in result, key
     json.loads(json.dumps(result))  # JSON-ready
+    assert result["machine"]["cpu_capability"] in {"DEFAULT", "AVX2", "AVX512", "ZVECTOR",
+                                                   "VSX"}
+    bw = result["bandwidth"]
+    assert bw["read_gbs"] > 0 and bw["target_weight_bytes"] > 0
+    assert 0 < bw["exactspec plain"]["share_of_limit"]
     engines = {r["engine"] for r in result["results"]}
     assert {"exactspec plain", "transformers plain", "exactspec lookup K=4",
             "transformers lookup K=4", "exactspec draft K=4", "transformers assisted K=4",
-            "exactspec lookup auto", "exactspec draft auto"} <= engines
+            "exactspec lookup auto", "exactspec draft auto", "exactspec qdraft int8 K=6",
+            "exactspec qdraft int8 auto", "transformers assisted int8 K=6",
+            "exactspec qdraft int4 K=6"} <= engines
     for r in result["results"] + result["sweep"] + result["batch"]:
         assert set(r) >= ROW_KEYS, ROW_KEYS - set(r)
     # block verification runs in sampling modes only (equal to token when p is one-hot)
     assert not [r for r in result["results"] if r["verify"] == "block" and r["mode"] == "greedy"]
     assert [r for r in result["results"] if r["verify"] == "block" and r["mode"] == "t1"]
-    assert len(result["batch"]) >= 2 and len(result["sweep"]) == 5
+    # sweep: plain + (lookup, draft, int8) x K in {1, 3}; batch: plain, lookup x2, int8 x2
+    assert len(result["batch"]) == 5 and len(result["sweep"]) == 7
 
 
 def test_ratios_are_consistent(result):
@@ -175,4 +183,6 @@ def test_shipped_workloads():
 def test_cli_parses_bench():
     args = build_parser().parse_args(["bench", "--quick", "--threads", "1", "--out", "x"])
     assert args.quick and args.threads == 1 and args.out == "x"
-    assert args.run.__name__ == "_cmd_bench"
+    from exactspec.cli import bench as bench_cli
+
+    assert args.run is bench_cli.run
