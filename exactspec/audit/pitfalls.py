@@ -13,6 +13,12 @@ lossless; the audit shows the exact TV distance is positive and the chi-square t
    but verify is told the softmax of the raw draft logits.
 5. shared uniforms: draft x_i = inverse-CDF(q_i, u_i) and accept iff u_i < p_i(x_i) / q_i(x_i)
    with the same u_i, so acceptance is correlated with which token was drafted.
+
+Apart from the list (too small for a statistical test to see, so only exact enumeration
+catches it; `half_precision_world`): 6. half precision (seed 000, section 10): the draft
+samples from q standardized from its logits rounded to bfloat16, while verify is told q
+standardized in float32. exactspec standardizes every p and q in float32 from the logits the
+tokens were drawn with, whatever the model's dtype.
 """
 
 from __future__ import annotations
@@ -170,6 +176,18 @@ def unfiltered_q_world(vocab: int, depth: int, seed: int, *,
                  standardize(target_logits, vocab, depth, params),
                  standardize(draft_logits, vocab, depth, params),
                  standardize(draft_logits, vocab, depth, SamplingParams()))
+
+
+def half_precision_world(vocab: int, depth: int, seed: int, *,
+                         dtype: torch.dtype = torch.bfloat16,
+                         params: SamplingParams | None = None) -> World:
+    """Drafts drawn from q standardized from `dtype`-rounded draft logits, verify told the
+    float32 q of the same logits (p standardized in float32)."""
+    params = params or SamplingParams(temperature=0.7)
+    target_logits, draft_logits = random_logits(vocab, depth, seed)
+    drawn = standardize(draft_logits.to(dtype).to(torch.float64), vocab, depth, params)
+    return World(f"{dtype} q", vocab, depth, standardize(target_logits, vocab, depth, params),
+                 drawn, standardize(draft_logits, vocab, depth, params))
 
 
 @dataclass

@@ -22,8 +22,9 @@ from exactspec.audit.pitfalls import (
     SharedUniforms,
     WrongResidual,
 )
-from exactspec.audit.samplers import sequence_ids
+from exactspec.audit.samplers import Speculative, sequence_ids
 from exactspec.audit.stats import bincount, chi_square, power
+from exactspec.audit.world import World
 
 V, K, L = 4, 2, 4
 SAMPLES = 20_000  # enough: every pitfall's power here is > 1 - 1e-6 (asserted below)
@@ -63,3 +64,22 @@ CAT_DOG_FISH = positional_world(torch.tensor([[0.6, 0.3, 0.1]] * 2, dtype=torch.
 def test_cat_dog_fish_pitfalls_by_hand(scheme, expected):
     law = output_law(CAT_DOG_FISH, scheme, 1)
     assert law.tolist() == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_q_is_wrong_but_only_exact_enumeration_sees_it(dtype):
+    """q from half-precision logits drawn, float32 q claimed: exactly wrong (TV > 0), but far
+    below what a 20,000-sample chi-square can detect, which is why exactness needs the exact
+    audit and why the engine standardizes every q from the very logits it sampled with."""
+    from exactspec.audit.pitfalls import half_precision_world
+
+    world = half_precision_world(V, L + K, 105, dtype=dtype)
+    step_tv = float((world.draft - world.claimed).abs().sum(-1).max() / 2)
+    target = target_law(world, L)
+    law = output_law(world, Speculative("token", K), L)
+    seq_tv = tv_distance(law, target)
+    assert step_tv > 1e-5 and seq_tv > 1e-6  # exactly wrong (float64 enumeration)
+    assert power(target, law, SAMPLES) < 0.01  # invisible to the statistical test
+    # the same world with the q it was really drawn from is exact again
+    fixed = World("half, claimed as drawn", V, L + K, world.target, world.draft, world.draft)
+    assert tv_distance(output_law(fixed, Speculative("token", K), L), target_law(fixed, L)) < 1e-12
