@@ -69,14 +69,14 @@ class ScriptedDrafter:
 
 
 def measure(model, prompts: list[list[int]], *, k: int, max_new_tokens: int,
-            head=None) -> list[dict]:
+            head=None, head_name: str = "head") -> list[dict]:
     """One row per (drafter cost, a): acceptance length measured, tokens/s, speed vs plain."""
     from exactspec.models.adapter import unwrap_model
 
     vocab = unwrap_model(model).config.vocab_size
     replies = [generate(model, [p], params=GREEDY, max_new_tokens=max_new_tokens)[0].token_ids
                for p in prompts]
-    costs = {"free": None} if head is None else {"free": None, "head": head}
+    costs = {"free": None} if head is None else {"free": None, head_name: head}
     configs = [(c, a) for c in costs for a in range(k + 1)]
     tokens = {cfg: 0 for cfg in configs} | {"plain": 0}
     seconds = {cfg: 0.0 for cfg in configs} | {"plain": 0.0}
@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="smollm2-135m", help="the target")
     ap.add_argument("--head", default=None,
                     help="also measure with this head's drafting cost (embedded name or directory)")
+    ap.add_argument("--qdraft", type=int, choices=(8, 4), default=None,
+                    help="also measure with the quantized self-draft's cost (QuantizedDraft)")
     ap.add_argument("--k", type=int, default=4, help="drafts per step (default 4)")
     ap.add_argument("--prompts", type=int, default=4, help="held-out prompts (default 4)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -135,12 +137,20 @@ def main(argv: list[str] | None = None) -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     model = load(a.model)
-    head = load_drafter(a.head, target=model) if a.head else None
+    if a.head and a.qdraft:
+        ap.error("give --head or --qdraft, not both")
+    head, name = (load_drafter(a.head, target=model), "head") if a.head else (None, "head")
+    if a.qdraft:
+        from exactspec.drafters import QuantizedDraft
+
+        head = QuantizedDraft(a.qdraft)
+        name = f"qdraft {a.qdraft}-bit ({head.backend})"
     prompts = [model.encode(p, chat=True) for p in read_prompts("heldout_prompts.txt")]
-    rows = measure(model, prompts[: a.prompts], k=a.k, max_new_tokens=a.max_new_tokens, head=head)
+    rows = measure(model, prompts[: a.prompts], k=a.k, max_new_tokens=a.max_new_tokens,
+                   head=head, head_name=name)
     print(table(rows, a.k))
     if a.out:
-        meta = {"model": a.model, "head": a.head, "k": a.k, "prompts": a.prompts,
+        meta = {"model": a.model, "head": a.head, "qdraft": a.qdraft, "k": a.k, "prompts": a.prompts,
                 "max_new_tokens": a.max_new_tokens, "threads": torch.get_num_threads(),
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         Path(a.out).write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
