@@ -148,11 +148,11 @@ def make_matrix(weight: torch.Tensor, fmt: str, *, group_size: int = 32) -> Matr
     if fmt == "int8":
         q, s = quantize_int8(w.float())
         m = Matrix("int8", out_f, in_f, qweight=q, scales=s.to(torch.bfloat16))
-    else:
-        q, sz = quantize_int4(w.float(), group_size)
+    else:  # the int4 pack is a CPU layout: quantized there, moved back below if not packed
+        q, sz = quantize_int4(w.float().cpu(), group_size)
         m = Matrix("int4", out_f, in_f, qweight=q, scales=sz, group_size=group_size)
-    if not kernel_choice(m.fmt):
-        m.ref_weight = m.dequantized()
+    if not kernel_choice(m.fmt, w.device):
+        m.ref_weight = m.dequantized().to(w.device)
         m.packed = False
         m.qweight = None
     return m
@@ -226,17 +226,25 @@ def _int4_dequantize(packed: torch.Tensor, sz: torch.Tensor, group_size: int,
     return (q - 8) * scale + zero
 
 
-_KERNEL_OK: dict[str, bool] = {}
+_KERNEL_OK: dict[str | tuple[str, str], bool] = {}  # fmt (CPU) or (fmt, device) -> packed?
 
 
-def kernel_choice(fmt: str) -> bool:
+def kernel_choice(fmt: str, device: torch.device | str = "cpu") -> bool:
     """Whether the packed kernel for `fmt` beats the dequantized float32 reference here.
 
-    Measured once per process on a [4096, 576] product of one row (median of 7 each); the
-    result and the CPU capability are logged. bf16 is always taken (it has no packed form).
+    Measured once per process and device on a [4096, 576] product of one row (median of 7
+    each); the result and the CPU capability are logged. bf16 is always taken (it has no packed
+    form). On other devices int4 (a CPU pack) always takes the reference, and int8 the packed
+    kernel if the device runs it at all (untested here: no GPU was lent to this project).
     """
     if fmt == "bfloat16":
         return True
+    device = torch.device(device)
+    if device.type != "cpu":
+        key = (fmt, str(device))
+        if key not in _KERNEL_OK:
+            _KERNEL_OK[key] = fmt == "int8" and _runs_int8pack(device)
+        return _KERNEL_OK[key]
     if fmt not in _KERNEL_OK:
         w = torch.randn(4096, 576) * 0.02
         x = torch.randn(1, 576, dtype=torch.bfloat16)
@@ -255,6 +263,17 @@ def kernel_choice(fmt: str) -> bool:
                  torch.backends.cpu.get_cpu_capability(), t_packed * 1e3, t_ref * 1e3,
                  "packed" if _KERNEL_OK[fmt] else "reference")
     return _KERNEL_OK[fmt]
+
+
+def _runs_int8pack(device: torch.device) -> bool:
+    try:
+        q = torch.ones(16, 32, dtype=torch.int8, device=device)
+        s = torch.ones(16, dtype=torch.bfloat16, device=device)
+        torch._weight_int8pack_mm(torch.ones(1, 32, dtype=torch.bfloat16, device=device), q, s)
+    except (RuntimeError, NotImplementedError) as exc:
+        log.info("int8 packed kernel unavailable on %s (%s): dequantized reference", device, exc)
+        return False
+    return True
 
 
 def _median_time(fn, n: int = 7) -> float:
