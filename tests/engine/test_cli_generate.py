@@ -87,6 +87,9 @@ def test_json_matches_the_library(model_dir, capsys):
     ["generate", "hi", "--num-draft-tokens", "lots"],
     ["generate", "hi" * 400],  # longer than the tiny model's 512-token context
     ["generate", "hi", "--draft", "OTHER"],  # vocabulary mismatch
+    # greedy verification would silently ignore the temperature (issue 11)
+    ["generate", "hi", "--prompt-lookup", "--verify", "greedy", "--temperature", "0.7"],
+    ["generate", "hi", "--verify", "greedy", "--temperature", "0.7"],
 ])
 def test_bad_input_exits_2_with_one_line(model_dir, other_vocab_dir, argv, capsys):
     argv = [a.replace("OTHER", other_vocab_dir) for a in argv]
