@@ -15,7 +15,14 @@ import torch
 from exactspec.errors import InvalidValue
 from exactspec.models.loading import Model
 from exactspec.training.data import build_corpus, read_part, write_part
-from exactspec.training.train import CHECKPOINT, CONFIG, TrainConfig, load_checkpoint, train_draft
+from exactspec.training.train import (
+    CHECKPOINT,
+    CONFIG,
+    TrainConfig,
+    check_same_run,
+    load_checkpoint,
+    train_draft,
+)
 from tests.engine.tiny import char_tokenizer, tiny_llama
 
 
@@ -44,10 +51,11 @@ def tiny_model() -> Model:
 
 
 def config(steps: int = 2, **kw) -> TrainConfig:
-    return TrainConfig(model="tiny", minutes=0.0, max_steps=steps, hidden_layers=(1, -1),
-                       draft_vocab_size=24, depth=2, max_new_tokens=4, data_batch=3,
-                       tokens_per_batch=40, eval_new_tokens=4, eval_depth=2, warmup=1,
-                       prompts=["hello there", "a cat sat", "why not"], heldout=["the end"], **kw)
+    base = dict(model="tiny", minutes=0.0, max_steps=steps, hidden_layers=(1, -1),
+                draft_vocab_size=24, depth=2, max_new_tokens=4, data_batch=3,
+                tokens_per_batch=40, eval_new_tokens=4, eval_depth=2, warmup=1,
+                prompts=["hello there", "a cat sat", "why not"], heldout=["the end"])
+    return TrainConfig(**{**base, **kw})
 
 
 def test_crafted_checkpoint_is_refused_and_never_runs(tmp_path: Path) -> None:
@@ -59,12 +67,10 @@ def test_crafted_checkpoint_is_refused_and_never_runs(tmp_path: Path) -> None:
 
 
 def test_resume_from_a_crafted_checkpoint_is_refused(tmp_path: Path) -> None:
-    model = tiny_model()
-    train_draft(config(2), tmp_path, model=model)
     marker = tmp_path / "pwned"
     _crafted(tmp_path / CHECKPOINT, marker, shown_on=tmp_path / "copy.pt")
     with pytest.raises(InvalidValue, match="could run code"):
-        train_draft(config(3), tmp_path, resume=True, model=model)
+        train_draft(config(3), tmp_path, resume=True, model=tiny_model())
     assert not marker.exists()
 
 
@@ -110,10 +116,11 @@ def test_resume_with_other_settings_or_nothing_to_resume_is_refused(tmp_path: Pa
     with pytest.raises(InvalidValue, match=r"no checkpoint\.pt to continue"):
         train_draft(config(2), tmp_path / "empty", resume=True, model=model)
     assert not (tmp_path / "empty").exists()
-    train_draft(config(2), tmp_path, model=model)
-    saved = (tmp_path / CONFIG).read_text()
-    with pytest.raises(InvalidValue, match=r"replies=2 there, 1 now"):
-        train_draft(config(3, replies=1), tmp_path, resume=True, model=model)
-    assert (tmp_path / CONFIG).read_text() == saved  # the refused run changed nothing
-    assert json.loads(saved)["max_steps"] == 2
-    assert train_draft(config(3), tmp_path, resume=True, model=model).steps == 3  # budgets may grow
+    (tmp_path / "data").mkdir()  # an earlier run's data, made with replies=2
+    saved = json.dumps(config(2).to_json())
+    (tmp_path / CONFIG).write_text(saved)
+    for other in (config(3, replies=1), config(3, replies=1, minutes=5.0)):
+        with pytest.raises(InvalidValue, match=r"\(replies=2 there, 1 now\)"):
+            train_draft(other, tmp_path, model=model)  # reusing its data, resumed or not
+    assert (tmp_path / CONFIG).read_text() == saved  # the refused runs changed nothing
+    check_same_run(config(7, minutes=3.0, extra={"note": "x"}), tmp_path)  # budgets may change

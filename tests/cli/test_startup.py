@@ -1,0 +1,60 @@
+"""`import exactspec`, `exactspec --help` and `--version` never import torch (that is what made
+`--help` take ~5 s); the lazy top level still exports every public name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.cli.conftest import ROOT
+
+# every name `exactspec` exported before it became lazy (others may add more)
+EXPORTED = [
+    "DraftContext", "DraftModel", "Drafter", "EagleDrafter", "Generation", "GenerationStats",
+    "Model", "PromptLookup", "SamplingParams", "TargetInfo", "TextStream", "Verdict",
+    "as_model", "generate", "load", "load_drafter", "probs_from_logits", "stream", "verify",
+]
+
+
+def _python(code: str) -> str:
+    """Run `code` in a fresh interpreter (a clean sys.modules) and return its stdout."""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["generate", "--help"],
+                                  ["bench", "--help"], ["train-draft", "--help"],
+                                  ["audit", "--help"], ["explain", "--help"]])
+def test_help_and_version_leave_torch_unimported(argv: list[str]) -> None:
+    out = _python(
+        "import sys, contextlib, io\n"
+        "import exactspec.cli\n"
+        "assert 'torch' not in sys.modules, 'import exactspec.cli imported torch'\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf):\n"
+        f"    rc = exactspec.cli.main({argv!r})\n"
+        "print(rc, 'torch' in sys.modules, 'transformers' in sys.modules)\n"
+        "print(buf.getvalue())\n")
+    status, text = out.split("\n", 1)
+    assert status == "0 False False"
+    assert ("exactspec 0.1.0" in text) if argv == ["--version"] else ("usage:" in text)
+
+
+def test_import_is_lazy_but_exports_every_name() -> None:
+    assert _python("import sys, exactspec\nprint('torch' in sys.modules)\n").split() == ["False"]
+    import exactspec as es
+    from exactspec.models import load
+
+    assert [n for n in EXPORTED if n not in es.__all__ or getattr(es, n) is None] == []
+    assert es.load is load and "load" in dir(es)
+
+
+def test_unknown_name_is_an_attribute_error() -> None:
+    import exactspec
+
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        exactspec.nonsense  # noqa: B018
