@@ -237,8 +237,8 @@ class Bench:
         return self._selected(out)
 
     def _sweep_prompts(self) -> list[list[list[int]]]:
-        w = next(w for w in self.workloads if w.name == self.cfg.sweep_workload)
-        return [[self._encode(p)] for p in self._prompts(w)]
+        w = next((w for w in self.workloads if w.name == self.cfg.sweep_workload), None)
+        return [] if w is None else [[self._encode(p)] for p in self._prompts(w)]
 
     def _batch_specs(self) -> list[EngineSpec]:
         k = self.cfg.k
@@ -258,9 +258,9 @@ class Bench:
             keep is None or s.drafter == "none" or any(e in s.name for e in keep))]
 
     def _batch_prompts(self) -> list[list[list[int]]]:
-        grounded = [p for w in self.workloads if w.input_grounded for p in w.prompts]
-        grounded = grounded or [p for w in self.workloads for p in w.prompts]
-        rows = [self._encode(grounded[i % len(grounded)]) for i in range(self.cfg.batch_rows)]
+        # rows from every selected workload in turn (open-ended and input-grounded mixed)
+        pool = [p for w in self.workloads for p in w.prompts]
+        rows = [self._encode(pool[i % len(pool)]) for i in range(self.cfg.batch_rows)]
         return [rows]
 
     def _run_group(self, specs, prompt_sets, bar, label) -> dict[str, list[Run]]:
