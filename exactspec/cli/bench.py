@@ -37,6 +37,9 @@ def add(sub) -> None:
                    help="shipped workloads by name (e.g. chat,long; default: all)")
     p.add_argument("--max-new-tokens", type=at_least(1), default=None,
                    help="token budget of every workload (default: each workload's, capped)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the target's weights; transformers' engines decode the same model "
+                   "object, so both sides run this dtype")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if "
                    "available, else cpu)")
     p.set_defaults(run=run)
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         import transformers
 
         transformers.logging.set_verbosity_error()
-    model = load(args.model, device=device)
+    model = load(args.model, device=device, dtype=args.dtype)
     layers = model.model.config.num_hidden_layers
     if not 1 <= cfg.draft_layers <= layers:
         raise UsageError(f"--draft-layers {cfg.draft_layers} must be in 1..{layers} "

@@ -120,3 +120,14 @@ def _info(vocab):
     from exactspec.drafters.base import TargetInfo
 
     return TargetInfo(vocab, None)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bfloat16_target_greedy_equals_plain(backend):
+    target = tiny_llama(0).to(torch.bfloat16)
+    prompts = [[1, 2, 3, 4], [9, 8]]
+    plain = generate(target, prompts, params=GREEDY, max_new_tokens=16)
+    out = generate(target, prompts, drafter=QuantizedDraft(8, backend=backend), params=GREEDY,
+                   max_new_tokens=16, num_draft_tokens=4)
+    assert [g.token_ids for g in out] == [g.token_ids for g in plain]
+    assert sum(g.stats.accepted for g in out) > 0

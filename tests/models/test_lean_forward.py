@@ -86,3 +86,19 @@ def test_both_weight_layouts_match_transformers(rows, width):
     (la, fa), (lb, fb) = (ad.extend(x, hidden_layers=(1, -1)) for ad in (ref, lean))
     torch.testing.assert_close(lb, la, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(fb, fa, rtol=1e-4, atol=1e-4)
+
+
+def test_bfloat16_model_runs_the_lean_forward_in_bfloat16():
+    """A bf16 target (es.load(dtype="bfloat16")) keeps its own weights (no float32 copy) and
+    its logits match transformers' bf16 forward to bf16 rounding; they come back as float32."""
+    model = tiny_llama(4, layers=2).to(torch.bfloat16)
+    ref, lean = _pair(model)
+    assert lean.lean.fmt == "bfloat16"
+    for ad in (ref, lean):
+        ad.prefill([[1, 2, 3, 4], [5, 6]], capacity=20)
+    x = torch.tensor([[7, 8, 9], [10, 11, 12]])
+    a, b = ref.extend(x), lean.extend(x)  # [2, 3, V]
+    assert b.dtype == torch.float32
+    scale = float(a.float().abs().max())
+    assert float((a.float() - b).abs().max()) <= 0.05 * scale  # a few bf16 roundings deep
+    assert torch.equal(a.float().argmax(-1), b.argmax(-1))
