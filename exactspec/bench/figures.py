@@ -83,3 +83,36 @@ def machine_info() -> dict:
     if hasattr(os, "getloadavg"):
         info["load_average"] = os.getloadavg()
     return info
+
+
+def bandwidth_summary(model, runs: dict) -> dict:
+    """One-token steps as a share of the memory-bandwidth limit: weight bytes a target step
+    reads / its time, against the read bandwidth measured here (`read_bandwidth_gbs`).
+
+    `runs`: the bench's (engine, mode, workload) -> rounds of Runs; exactspec plain's step is
+    its target-forward time per step, transformers plain's its wall time per token, and the
+    quantized self-draft's its drafting time per draft position (one row)."""
+    from exactspec.models.lean import lean_forward_for
+
+    lean = lean_forward_for(model)
+    out: dict = {"read_gbs": read_bandwidth_gbs()}
+    if lean is None:
+        return out
+    out["target_weight_bytes"] = lean.weight_bytes
+    steps: dict[str, list[float]] = {}
+    for (engine, _, _), rounds in runs.items():
+        for r in (r for rs in rounds for r in rs):
+            if engine == "exactspec plain" and r.steps:
+                steps.setdefault(engine, []).append(r.target_seconds / r.steps)
+            elif engine == "transformers plain" and r.tokens:
+                steps.setdefault(engine, []).append(r.seconds / r.tokens)
+            elif engine.startswith("exactspec qdraft") and r.drafted:
+                steps.setdefault("qdraft draft token", []).append(
+                    r.draft_seconds / r.drafted * len(r.texts))
+    for name, xs in steps.items():
+        ms = sorted(xs)[len(xs) // 2] * 1e3
+        row = {"step_ms": ms}
+        if name != "qdraft draft token":
+            row["share_of_limit"] = out["target_weight_bytes"] / 1e9 / (ms / 1e3) / out["read_gbs"]
+        out[name] = row
+    return out

@@ -21,7 +21,7 @@ from importlib import resources
 from tqdm.auto import tqdm
 
 from exactspec.bench.engines import MODES, Engines, EngineSpec, Run, add_counts, default_engines
-from exactspec.bench.figures import analytic_bound, fit_alpha, machine_info, read_bandwidth_gbs
+from exactspec.bench.figures import analytic_bound, bandwidth_summary, fit_alpha, machine_info
 from exactspec.models.loading import Model
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ class Bench:
             "schema": SCHEMA_VERSION,
             "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": machine_info(),
-            "bandwidth": self._bandwidth(runs),
+            "bandwidth": bandwidth_summary(self.target.model, runs),
             "model": self.target.name,
             "config": asdict(cfg),
             "draft_note": self.draft_note,
@@ -195,35 +195,6 @@ class Bench:
         result["duration_seconds"] = time.perf_counter() - start
         result["interrupted"] = interrupted
         return result
-
-    def _bandwidth(self, runs: dict[tuple[str, str, str], list[list[Run]]]) -> dict:
-        """One-token steps as a share of the memory-bandwidth limit: weight bytes a step reads
-        / its time, against the read bandwidth measured here (figures.read_bandwidth_gbs)."""
-        from exactspec.models.lean import lean_forward_for
-
-        lean = lean_forward_for(self.target.model)
-        out: dict = {"read_gbs": read_bandwidth_gbs()}
-        if lean is None:
-            return out
-        out["target_weight_bytes"] = lean.weight_bytes
-        steps = {}
-        for (engine, _, _), rounds in runs.items():
-            for r in (r for rs in rounds for r in rs):
-                if engine == "exactspec plain" and r.steps:
-                    steps.setdefault(engine, []).append(r.target_seconds / r.steps)
-                elif engine == "transformers plain" and r.tokens:
-                    steps.setdefault(engine, []).append(r.seconds / r.tokens)
-                elif engine.startswith("exactspec qdraft") and r.drafted:
-                    steps.setdefault("qdraft draft token", []).append(r.draft_seconds / r.drafted
-                                                                     * len(r.texts))
-        bytes_per_gb = out["target_weight_bytes"] / 1e9
-        for name, xs in steps.items():
-            ms = _median(xs) * 1e3
-            row = {"step_ms": ms}
-            if name != "qdraft draft token":
-                row["share_of_limit"] = bytes_per_gb / (ms / 1e3) / out["read_gbs"]
-            out[name] = row
-        return out
 
     # --- sweep (speedup against K) and batch (8 rows at once) --------------------------------
 
