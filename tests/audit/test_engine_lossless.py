@@ -164,9 +164,10 @@ class HotDrafter:
         return drafts, (claimed / claimed.sum(-1, keepdim=True)).to(q1.dtype)
 
 
-def test_a_wrong_drafter_in_the_engine_is_caught(models):
-    """The temperature-mismatch pitfall through a real drafter: caught end to end."""
-    _, _, target_logits, draft_logits = models
+def _hot_drafter_is_caught(models, draft_logits, drafter, seed: int) -> None:
+    """HotDrafter(drafter) through generate is rejected against the target's law, and its
+    draws follow its own exact wrong law (computed from `draft_logits`, the inner draft's)."""
+    target_logits = models[2]
     depth = N + K
     good = model_world(target_logits, draft_logits, V, depth, TEMPERATURE, PROMPT)
     drawn = standardize(draft_logits, V, depth, SamplingParams(), tuple(PROMPT))
@@ -174,10 +175,15 @@ def test_a_wrong_drafter_in_the_engine_is_caught(models):
     target = target_law(good, N)
     wrong = output_law(bad, Speculative("token", K), N)
     assert power(target, wrong, ROWS) > 1 - 1e-6
-    counts, _ = _counts(models, HotDrafter(DraftModel(models[1])), TEMPERATURE, "token", seed=7)
+    counts, accepted = _counts(models, HotDrafter(drafter), TEMPERATURE, "token", seed=seed)
+    assert accepted > ROWS // 10
     assert chi_square(counts, target).rejected
     assert not chi_square(counts, wrong).rejected
 
+
+def test_a_wrong_drafter_in_the_engine_is_caught(models):
+    """The temperature-mismatch pitfall through a real drafter: caught end to end."""
+    _hot_drafter_is_caught(models, models[3], DraftModel(models[1]), seed=7)
 
 def lean_logits(model, fmt: str, layers=None):
     """forward(ids [N, T]) -> logits [N, T, V] of `model`'s lean forward in weight format `fmt`."""
@@ -195,18 +201,6 @@ def lean_logits(model, fmt: str, layers=None):
 def test_a_wrong_quantized_drafter_in_the_engine_is_caught(models, bits):
     """The quantized self-draft reporting q at the target's temperature while drawing at 1.0:
     its exact wrong law (from the quantized forward's own logits) is rejected end to end."""
-    target_model, _, target_logits, _ = models
-    depth = N + K
-    q_logits = logits_table(lean_logits(target_model, QuantizedDraft(bits, backend="torch").fmt),
-                            PROMPT, V, depth)
-    good = model_world(target_logits, q_logits, V, depth, TEMPERATURE, PROMPT)
-    drawn = standardize(q_logits, V, depth, SamplingParams(), tuple(PROMPT))
-    bad = World("hot quantized drafter", V, depth, good.target, drawn, good.claimed)
-    target = target_law(good, N)
-    wrong = output_law(bad, Speculative("token", K), N)
-    assert power(target, wrong, ROWS) > 1 - 1e-6
-    counts, accepted = _counts(models, HotDrafter(QuantizedDraft(bits, backend="torch")),
-                               TEMPERATURE, "token", seed=8)
-    assert accepted > ROWS // 10
-    assert chi_square(counts, target).rejected
-    assert not chi_square(counts, wrong).rejected
+    drafter = QuantizedDraft(bits, backend="torch")
+    q_logits = logits_table(lean_logits(models[0], drafter.fmt), PROMPT, V, N + K)
+    _hot_drafter_is_caught(models, q_logits, drafter, seed=8)
