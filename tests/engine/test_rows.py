@@ -91,6 +91,8 @@ def test_a_shared_seed_keeps_the_row_index_derivation(target):
 @pytest.mark.parametrize("kind", ["plain", "lookup", "draft", "eagle"])
 @pytest.mark.parametrize("verify", ["token", "block"])
 def test_rows_with_different_params_in_one_batch_match_each_row_alone(target, kind, verify):
+    if kind == "plain" and verify == "block":
+        pytest.skip("plain decoding verifies nothing: the same run as token")
     batch = _ids(generate(target, PROMPTS, drafter=_drafter(kind, target), params=MIXED,
                           max_new_tokens=24, verify=verify, num_draft_tokens=3))
     for prompt, params, got in zip(PROMPTS, MIXED, batch, strict=True):
