@@ -91,7 +91,8 @@ class Engine:
 
         A row's output depends only on its prompt and its params, never on its position or
         on the other rows (up to float rounding of batched matrix products), which is what a
-        resumable or re-sharded batch job needs. Every params[i].seed must be set.
+        resumable or re-sharded batch job needs. Every params[i].seed must be set. Rows are
+        decoded together, identical prompts prefilled once (the n samples of a prompt).
         """
         if len(prompts) != len(params):
             raise InvalidValue(f"got {len(prompts)} prompts and {len(params)} params; pass one "
@@ -100,17 +101,11 @@ class Engine:
             _check_params(p)
             if p.seed is None:
                 raise InvalidValue(f"params[{i}].seed is None; generate_rows needs a seed per row")
-        budget = max_new_tokens or self.max_new_tokens
-        out: list[Generation | None] = [None] * len(prompts)
-        # One call per row: the engine derives a call's row streams from (seed, position), so a
-        # row alone in its call draws from its own seed's stream, whatever else is in the job.
-        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-            out[i] = generate(self.model, [list(prompt)], drafter=self.drafter, params=p,
-                              max_new_tokens=budget, num_draft_tokens=self.num_draft_tokens,
-                              verify=self.verify, stop=self.stop,
-                              return_logprobs=return_logprobs, batch_size=self.batch_size)[0]
-        assert all(g is not None for g in out)
-        return out  # type: ignore[return-value]
+        return generate(self.model, [list(p) for p in prompts], drafter=self.drafter,
+                        params=list(params), max_new_tokens=max_new_tokens or self.max_new_tokens,
+                        num_draft_tokens=self.num_draft_tokens, verify=self.verify,
+                        stop=self.stop, return_logprobs=return_logprobs,
+                        batch_size=self.batch_size)
 
     def encode(self, prompts, *, chat: bool = False) -> list[list[int]]:
         """Prompts as token-id lists (texts through the tokenizer, chat-templated if `chat`)."""
