@@ -287,15 +287,18 @@ async def _next_event(sub: Submission, deadline: float, poll: float | None):
 async def _collect(request: Request, answer: _Answer, deadline: float) -> Response:
     """A non-streaming answer: wait for every choice, watching for disconnects and timeout."""
     sub = answer.sub
+    checked = time.perf_counter()
     try:
         while not answer.done:
             try:
                 ev = await _next_event(sub, deadline, _POLL_SECONDS)
             except TimeoutError:
                 return _error(_timeout_error(answer.spec, answer.config.request_timeout))
-            if ev is None:
+            if time.perf_counter() - checked >= _POLL_SECONDS:  # events or not: still there?
+                checked = time.perf_counter()
                 if await request.is_disconnected():
-                    return Response(status_code=499)  # nobody reads it; the row is cancelled
+                    return Response(status_code=499)  # nobody reads it; the rows are cancelled
+            if ev is None:
                 continue
             if isinstance(ev, Failed):
                 return _error(ev.error)

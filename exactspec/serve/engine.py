@@ -10,29 +10,29 @@ Randomness: choice i of a request with seed s draws from the row stream (s, i), 
 a given seed is the one `es.generate` gives for it alone, whatever else shares the batch (up to
 float rounding of batched matrix products, and at a fixed `num_draft_tokens`).
 
-Batching today: requests with the same decode settings (sampling parameters but the seed,
-max_tokens, stop, logprobs) that are waiting together are decoded as one batch, each row with
-its own seed; a request with other settings waits for the running batch to end. True
-continuous batching (rows admitted between steps) waits on the engine's batch state with
-`admit` (see the README's Server section).
+Continuous batching: the loop admits waiting requests between decode steps (the engine's
+`Decoder.admit`, up to `max_batch` rows), runs one `Decoder.step` for every row in flight,
+and finished or cancelled rows leave. Each row keeps its own sampling parameters, seed, stop
+strings and max_tokens; rows of equal parameters are standardized together.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from exactspec.drafters.base import Drafter
-from exactspec.engine.loop import BatchDecoder, DecodeConfig
+from exactspec.engine.batch import Row
+from exactspec.engine.loop import DecodeConfig, Decoder
 from exactspec.engine.results import GenerationStats
+from exactspec.engine.stopping import StopRule
 from exactspec.models.loading import Model
-from exactspec.sampling import RowStreams
+from exactspec.sampling import RowStreams, SamplingParams
 from exactspec.serve.metrics import Metrics
 from exactspec.serve.protocol import ApiError, RequestSpec
 from exactspec.serve.rows import RowText, top_logprobs
@@ -129,8 +129,8 @@ class ServingEngine:
         self._cond = threading.Condition()  # guards _waiting, _paused, _state
         self._paused = False  # admissions held (tests, maintenance)
         self._state = "new"  # new | running | draining | stopped
-        self._busy = False  # a batch is decoding
         self._thread: threading.Thread | None = None
+        self._ids = itertools.count()  # engine row ids
 
     # --- control, from any thread ---------------------------------------------------------
 
@@ -202,97 +202,129 @@ class ServingEngine:
     # --- the engine thread ----------------------------------------------------------------
 
     def _loop(self) -> None:
+        decoder = None  # rows in flight; rebuilt after an internal error
+        live: dict[int, tuple[Submission, Choice, Row]] = {}  # row id -> its request
         while True:
             with self._cond:
-                while not self._ready():
+                while not (live or self._ready()):
                     self._cond.wait()
-                if not self._waiting:  # draining finished, or stopped
-                    self._state = "stopped"
+                if not live and not self._waiting and self._state != "running":
+                    self._state = "stopped"  # drained, or stopped
                     return
-                batch = self._take_batch()
-                self._busy = True
+                taken = self._take(len(live)) if not self._paused else []
             try:
-                if batch:
-                    self._run(batch)
-            finally:
-                with self._cond:
-                    self._busy = False
+                if decoder is None:
+                    decoder = self._decoder()
+                for group in self._admission_groups(taken):
+                    rows = self._rows(decoder, group, live)
+                    decoder.cfg.max_new_tokens = max(s.spec.max_tokens for s in group)
+                    decoder.admit(rows)
+                self._drop_cancelled(decoder, live)
+                if decoder.rows:
+                    self._step(decoder, live)
+            except Exception as exc:  # fail what was in flight; the next request starts afresh
+                log.exception("engine step failed")
+                error = ApiError(500, f"internal error while decoding: {type(exc).__name__}: "
+                                 f"{exc}", type="internal_server_error", code="internal_error")
+                failed = {id(s): s for s, _, _ in live.values()}
+                failed.update({id(s): s for s in taken})
+                for sub in failed.values():
+                    if not sub.done:
+                        sub.done = True
+                        sub.send(Failed(error))
+                        self.metrics.count("requests", "error")
+                live.clear()
+                decoder = None
+            with self.metrics.lock:
+                self.metrics.running = len({id(s) for s, _, _ in live.values()})
+                self.metrics.batch_rows = len(live)
 
     def _ready(self) -> bool:
-        if self._state == "stopped":
-            return True
-        if self._state == "draining" and not self._waiting:
+        if self._state != "running":
             return True
         return bool(self._waiting) and not self._paused
 
-    def _take_batch(self) -> list[Submission]:
-        """The oldest live request and the waiting ones decodable with it, up to max_batch rows."""
-        live = [s for s in self._waiting if not s.cancelled]
-        self._waiting.clear()
-        if not live:
-            return []
-        key, rows = _batch_key(live[0].spec), 0
-        batch, rest = [], []
-        for sub in live:
+    def _take(self, in_flight: int) -> list[Submission]:
+        """Waiting requests that fit next to `in_flight` rows (FIFO; a request is never split)."""
+        taken, rows = [], in_flight
+        while self._waiting:
+            sub = self._waiting[0]
+            if sub.cancelled:
+                self._waiting.popleft()
+                continue
             n = len(sub.choices)
-            if _batch_key(sub.spec) == key and (not batch or rows + n <= self.config.max_batch):
-                batch.append(sub)
-                rows += n
-            else:
-                rest.append(sub)
-        self._waiting.extend(rest)
+            if rows and rows + n > self.config.max_batch:
+                break
+            taken.append(self._waiting.popleft())
+            rows += n
         with self.metrics.lock:
             self.metrics.waiting = len(self._waiting)
-        return batch
+        return taken
 
-    def _run(self, batch: list[Submission]) -> None:
-        """Decode `batch` to the end (or until nobody wants its rows); errors fail it alone."""
-        spec = batch[0].spec
-        choices = [c for sub in batch for c in sub.choices]
-        owner = [sub for sub in batch for _ in sub.choices]
-        dev = self.model.device
-        streams = RowStreams(torch.tensor([c.seed for c in choices], dtype=torch.long,
-                                          device=dev))
-        cfg = DecodeConfig(params=spec.params, max_new_tokens=spec.max_tokens,
+    def _decoder(self) -> Decoder:
+        # max_new_tokens is set per admission; the step's draft room is bounded by the context
+        cfg = DecodeConfig(params=SamplingParams(), max_new_tokens=self.model.max_context,
                            num_draft_tokens=self.config.num_draft_tokens,
-                           verify=self.config.verify, return_logprobs=spec.logprobs,
-                           eos_token_ids=self.model.eos_token_ids, stop=list(spec.stop),
+                           verify=self.config.verify, return_logprobs=True,
+                           eos_token_ids=self.model.eos_token_ids, stop=[],
                            tokenizer=self.model.tokenizer)
-        dec = BatchDecoder(self.model, self.drafter, [c.prompt for c in choices], streams, cfg)
-        with self.metrics.lock:
-            self.metrics.running = len(batch)
-            self.metrics.batch_rows = len(choices)
+        return Decoder(self.model, self.drafter, cfg)
+
+    def _admission_groups(self, subs: list[Submission]) -> list[list[Submission]]:
+        """Requests admitted together: the longest prompt plus the largest max_tokens must fit
+        the context (each request fits alone; it was checked on arrival)."""
+        groups, longest, budget = [], 0, 0
+        for sub in subs:
+            p = max(map(len, sub.spec.prompts))
+            if groups and max(longest, p) + max(budget, sub.spec.max_tokens) \
+                    <= self.model.max_context:
+                groups[-1].append(sub)
+                longest, budget = max(longest, p), max(budget, sub.spec.max_tokens)
+            else:
+                groups.append([sub])
+                longest, budget = p, sub.spec.max_tokens
+        return groups
+
+    def _rows(self, decoder: Decoder, subs: list[Submission],
+              live: dict[int, tuple[Submission, Choice, Row]]) -> list[Row]:
+        rows = []
+        for sub in subs:
+            spec = sub.spec
+            params = replace(spec.params, seed=None)  # one object: the rows share one law
+            for c in sub.choices:
+                stop = StopRule(eos_token_ids=self.model.eos_token_ids, stop=list(spec.stop),
+                                tokenizer=self.model.tokenizer, max_new_tokens=spec.max_tokens)
+                row = Row(next(self._ids), c.prompt, params, c.seed, stop)
+                live[row.id] = (sub, c, row)
+                rows.append(row)
+        return rows
+
+    def _drop_cancelled(self, decoder: Decoder, live: dict) -> None:
+        """Rows nobody reads any more leave the batch now."""
+        gone = [j for j, r in enumerate(decoder.rows) if live[r.id][0].cancelled]
+        if not gone:
+            return
+        keep = [j for j in range(len(decoder.rows)) if j not in set(gone)]
+        for j in gone:
+            sub, _, row = live.pop(decoder.rows[j].id)
+            self.metrics.observe_row(row.output.stats)
+            if not sub.done:
+                sub.done = True
+                self.metrics.count("requests", "cancelled")
+        decoder.batch.select(keep)
+
+    def _step(self, decoder: Decoder, live: dict) -> None:
         start = time.perf_counter()
-        events = dec.run()
-        try:
-            for j, new in events:
-                self._emit(owner[j], choices[j], dec.outputs[j], new)
-                if all(s.cancelled or s.done for s in batch):
-                    break
-        except Exception as exc:
-            log.exception("engine batch failed")
-            error = ApiError(500, f"internal error while decoding: {type(exc).__name__}: {exc}",
-                             type="internal_server_error", code="internal_error")
-            for sub in batch:
-                if not sub.done:
-                    sub.done = True
-                    sub.send(Failed(error))
-                    self.metrics.count("requests", "error")
-        finally:
-            events.close()
-            steps = max((o.stats.steps for o in dec.outputs), default=0)
-            if steps:
-                self.metrics.observe_steps(steps, time.perf_counter() - start)
-            for c, o in zip(choices, dec.outputs, strict=True):
-                if not c.finished:  # cancelled or failed: count what it did
-                    self.metrics.observe_row(o.stats)
-            for sub in batch:
-                if sub.cancelled and not sub.done:
-                    sub.done = True
-                    self.metrics.count("requests", "cancelled")
-            with self.metrics.lock:
-                self.metrics.running = 0
-                self.metrics.batch_rows = 0
+        gained = decoder.step()
+        self.metrics.observe_steps(1, time.perf_counter() - start)
+        with self.metrics.lock:
+            self.metrics.peak_batch_rows = max(self.metrics.peak_batch_rows, len(gained))
+        for row, new in gained:
+            sub, choice, _ = live[row.id]
+            if row.output.finish_reason is not None:
+                del live[row.id]
+            if new or row.output.finish_reason is not None:
+                self._emit(sub, choice, row.output, new)
 
     def _emit(self, sub: Submission, choice: Choice, out, new: list[int]) -> None:
         """Send a choice's new tokens (and its end) to its request."""
@@ -307,6 +339,8 @@ class ServingEngine:
         finished = out.finish_reason is not None
         text = choice.text.push(new, finished=finished, cut=out.cut)
         lps = out.logprobs[len(out.logprobs) - len(new):] if spec.logprobs else None
+        if not finished and not new:
+            return
         top = None
         if spec.top_logprobs:
             top = top_logprobs(self.model, choice.prompt, out.tokens,

@@ -61,6 +61,7 @@ class Metrics:
         self.waiting = 0  # gauge: requests queued, not yet decoding
         self.running = 0  # gauge: requests decoding
         self.batch_rows = 0  # gauge: rows in the engine's batch now
+        self.peak_batch_rows = 0  # gauge: the most rows one step has decoded
 
     def observe_row(self, stats: GenerationStats) -> None:
         """A choice finished (or was cancelled): add its speculative statistics."""
@@ -106,6 +107,8 @@ class Metrics:
                [f"num_requests_waiting {self.waiting}"])
         metric("num_batch_rows", "gauge", "Rows (choices) in the engine's current batch.",
                [f"num_batch_rows {self.batch_rows}"])
+        metric("num_batch_rows_peak", "gauge", "The most rows one engine step has decoded.",
+               [f"num_batch_rows_peak {self.peak_batch_rows}"])
         metric("request_success_total", "counter", "Finished requests by finish reason.",
                [f'request_success_total{{finished_reason="{k}"}} {v}'
                 for k, v in sorted(self.requests.items())] or ["request_success_total 0"])

@@ -50,7 +50,7 @@ def test_sigterm_drains_the_running_request_and_exits_0(tiny_dir):
         usage = json.loads(rest[-2][6:])["usage"]
         assert usage["completion_tokens"] == 400  # finished after the signal, not cut
         assert len(rest) > 10  # most of it streamed after SIGTERM
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=300) == 0  # generous: a starved 2-core machine
         with pytest.raises(httpx.ConnectError):
             httpx.get(url + "/health")
     finally:
@@ -60,7 +60,7 @@ def test_sigterm_drains_the_running_request_and_exits_0(tiny_dir):
     assert "Shutting down" in out or "shutdown" in out.lower(), out
 
 
-def _wait_healthy(url: str, proc, timeout: float = 120.0) -> None:
+def _wait_healthy(url: str, proc, timeout: float = 300.0) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         assert proc.poll() is None, proc.communicate()[0].decode(errors="replace")
@@ -119,6 +119,7 @@ def test_bounded_load_every_token_accounted(tiny):
         assert sum(metrics.requests.values()) == len(asks)
         assert metrics.requests.get("error", 0) == metrics.requests.get("cancelled", 0) == 0
         assert metrics.generation_tokens == sum(u.completion_tokens for _, u in results)
+        assert metrics.peak_batch_rows > 1  # requests of different settings shared steps
     for ask, (text, usage) in zip(asks, results, strict=True):
         params = es.SamplingParams(temperature=ask["temperature"], seed=ask["seed"])
         (g,) = es.generate(tiny, ["load"], params=params, max_new_tokens=ask["max_tokens"])
