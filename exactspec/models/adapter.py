@@ -44,11 +44,13 @@ class TargetAdapter:
     them; `commit(n)` keeps the first n of them per row; `rewind(lengths)` sets lengths
     directly; `select(rows)` drops finished rows. Works on any device the model lives on.
     `forward` runs a given lean forward instead of the model's own weights (a quantized draft
-    of the model: `lean_forward_for(model, "int8")`).
+    of the model: `lean_forward_for(model, "int8")`). `one_row_copy=False` (a target verifying
+    drafts) keeps a rare one-row step from building the float32 one-row weight copy (+540 MB
+    for smollm2-135m); plain decoding and draft models, whose every step is one row, want it.
     """
 
     def __init__(self, model, *, pad_token_id: int = 0, lean: bool = True,
-                 forward: LeanLlama | None = None) -> None:
+                 forward: LeanLlama | None = None, one_row_copy: bool = True) -> None:
         self.model = unwrap_model(model)
         impl = getattr(self.model.config, "_attn_implementation", "eager")
         if impl not in _SUPPORTED_ATTENTION:
@@ -71,6 +73,7 @@ class TargetAdapter:
         # the lean forward (Llama architectures) unless turned off; transformers' otherwise
         self.lean = forward if forward is not None else (
             lean_forward_for(self.model) if lean else None)
+        self.one_row_copy = one_row_copy  # may a one-row step build the [in, out] copy
         self.cache: SlotCache | None = None
         self.lengths = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] committed slots
         self._last_width = 0  # T of the last extend, bounds commit
@@ -166,7 +169,7 @@ class TargetAdapter:
                 slots = torch.arange(view_len, device=self.device)  # [S]
                 mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, S]
             out = self.lean.forward(tokens, positions, self.cache, mask, logits_to_keep,
-                                    hidden_layers)
+                                    hidden_layers, one_row_copy=self.one_row_copy)
             self._last_width = t
             return out
         out = self.model(

@@ -41,7 +41,8 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 FORMATS = ("float32", "bfloat16", "int8", "int4")
-MATVEC_ROWS = (2, 8)  # row counts where the float32 product is W @ x^T on [out, in]
+MATVEC_ROWS = (2, 8)  # row counts where the float32 product is W @ x^T on [out, in] (and one
+# row without the copy)
 
 
 @dataclass
@@ -64,16 +65,20 @@ class Matrix:
     packed: bool = True  # use the packed kernel (False: the dequantized reference, measured)
     ref_weight: torch.Tensor | None = None  # [out, in] float32 dequantized, when not packed
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out], x's dtype
+    def __call__(self, x: torch.Tensor,  # [..., in] -> [..., out], x's dtype
+                 one_row_copy: bool = True) -> torch.Tensor:
+        """x @ W^T. `one_row_copy`: a float32 one-row product may build (once) and use the
+        fused [in, out] copy; False (a speculative run's rare one-row step) uses the model's
+        own matrices unless the copy already exists."""
         lead, dtype = x.shape[:-1], x.dtype
         x2 = x.reshape(-1, self.in_features)  # [M, in]
         m = x2.shape[0]
         if self.fmt == "float32":
-            if m == 1:
+            if m == 1 and (one_row_copy or self.weight_t is not None):
                 if self.weight_t is None:  # built on first use: speculative steps never need it
                     self.weight_t = torch.cat(self.parts).t().contiguous()  # [in, out]
                 y = x2 @ self.weight_t
-            elif MATVEC_ROWS[0] <= m <= MATVEC_ROWS[1]:
+            elif m <= MATVEC_ROWS[1]:
                 # x2 must be row-major: W @ x^T on a column-major x took 32 instead of 9 ms
                 # for 30 down projections of 5 rows
                 xt = x2.contiguous().t()  # [in, M]

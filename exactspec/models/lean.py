@@ -112,10 +112,12 @@ class LeanLlama:
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache,
                 mask: torch.Tensor | None, logits_to_keep: int,
-                hidden_layers: tuple[int, ...] | None = None):
+                hidden_layers: tuple[int, ...] | None = None, one_row_copy: bool = True):
         """Logits [B, T', V] float32; with `hidden_layers`, also the features transformers'
         `hidden_states` would give at those indices (embeddings, each layer's output, the
-        last one after the final norm), concatenated: [B, T, F]."""
+        last one after the final norm), concatenated: [B, T, F]. `one_row_copy`: see
+        `Matrix.__call__` (False: a one-row step does not build the float32 [in, out] copy)."""
+        c = one_row_copy
         # tokens, positions: [B, T]; mask: [B, 1, T, S] bool (True = visible) or None
         b, t = tokens.shape
         n_states = len(self.layers) + 1
@@ -129,7 +131,7 @@ class LeanLlama:
         for i, (w1, e1, qkv, wo, w2, e2, gu, wd) in enumerate(self.layers):
             if want is not None and i in want:
                 states[i] = x
-            y = qkv(F.rms_norm(x, w1.shape, w1, e1))  # [B, T, (h + 2 kv) d]
+            y = qkv(F.rms_norm(x, w1.shape, w1, e1), c)  # [B, T, (h + 2 kv) d]
             qk = y[..., : (h + kv) * d].view(b, t, h + kv, d)  # RoPE on q and k at once
             qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], -1) * sin
             q = qk[:, :, :h].transpose(1, 2)  # [B, h, T, d]
@@ -138,9 +140,9 @@ class LeanLlama:
             k, v = cache.update(k, v, i)  # [B, kv, S, d]
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
                                                enable_gqa=h != kv)  # [B, h, T, d]
-            x = x + wo(o.transpose(1, 2).reshape(b, t, h * d))
-            gate, up = gu(F.rms_norm(x, w2.shape, w2, e2)).chunk(2, dim=-1)
-            x = x + wd(F.silu(gate) * up)
+            x = x + wo(o.transpose(1, 2).reshape(b, t, h * d), c)
+            gate, up = gu(F.rms_norm(x, w2.shape, w2, e2), c).chunk(2, dim=-1)
+            x = x + wd(F.silu(gate) * up, c)
         feats = None
         if want is not None:
             if n_states - 1 in want:
@@ -148,7 +150,7 @@ class LeanLlama:
             feats = torch.cat([states[j % n_states] for j in hidden_layers], dim=-1)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
-        logits = self.head(F.rms_norm(x, self.norm[0].shape, *self.norm)).float()  # [B, T', V]
+        logits = self.head(F.rms_norm(x, self.norm[0].shape, *self.norm), c).float()  # [B, T', V]
         return logits if feats is None else (logits, feats)
 
 

@@ -102,3 +102,22 @@ def test_bfloat16_model_runs_the_lean_forward_in_bfloat16():
     scale = float(a.float().abs().max())
     assert float((a.float() - b).abs().max()) <= 0.05 * scale  # a few bf16 roundings deep
     assert torch.equal(a.float().argmax(-1), b.argmax(-1))
+
+
+def test_one_row_step_without_the_copy_matches_and_builds_nothing():
+    """A speculative target (one_row_copy=False) runs a rare one-row step on the model's own
+    matrices: the same logits as the [in, out] copy path, and no copy is made."""
+    model = tiny_llama(5, layers=2)
+    spec = TargetAdapter(model, one_row_copy=False)
+    lean = spec.lean
+    prompts = [[1, 2, 3]]
+    spec.prefill(prompts, capacity=20)
+    x = torch.tensor([[4]])
+    a = spec.extend(x)  # [1, 1, V]
+    mats = [m for layer in lean.layers for m in (layer[2], layer[3], layer[6], layer[7])]
+    assert all(m.weight_t is None for m in [*mats, lean.head])
+    plain = TargetAdapter(model)  # plain decoding: builds and uses the copy
+    plain.prefill(prompts, capacity=20)
+    b = plain.extend(x)
+    assert all(m.weight_t is not None for m in [*mats, lean.head])
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
