@@ -152,6 +152,21 @@ def test_greedy_equals_plain(char_target, draft):
     assert len(ALPHABET) + 1 == char_target.vocab_size  # the two vocabularies really differ
 
 
+def test_greedy_and_sampled_rows_in_one_batch(char_target):
+    """Per-row params: the greedy rows (SLEM) still equal plain greedy, the sampled rows (TLI)
+    equal the same rows drafted alone (their randomness is their own)."""
+    hot = SamplingParams(temperature=1.0, seed=3)
+    params = [GREEDY, hot, GREEDY, hot]
+    plain = [g.token_ids for g in generate(char_target, PROMPTS, params=GREEDY,
+                                           max_new_tokens=20)]
+    mixed = generate(char_target, PROMPTS, drafter=CrossVocabDraft(char_target), params=params,
+                     max_new_tokens=20, num_draft_tokens=3)
+    assert [mixed[0].token_ids, mixed[2].token_ids] == [plain[0], plain[2]]
+    alone = generate(char_target, PROMPTS, drafter=CrossVocabDraft(char_target),
+                     params=[hot] * 4, max_new_tokens=20, num_draft_tokens=3)
+    assert [mixed[1].token_ids, mixed[3].token_ids] == [alone[1].token_ids, alone[3].token_ids]
+
+
 N, K, ROWS = 3, 2, 6000  # tokens compared (512 outcomes), drafts per step, rows
 PROMPT = [0, 1, 4, 0, 1, 2, 4, 0]  # "ab abc a"
 
