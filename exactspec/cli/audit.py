@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exactspec.cli.common import UsageError
+from exactspec.cli.common import UsageError, refuse_without, value_or
 
 
 def add(sub) -> None:
@@ -18,7 +18,8 @@ def add(sub) -> None:
     p.add_argument("--lossy", action="store_true",
                    help="instead: the drift and acceptance gain of each lossy verify rule "
                    "(lenient:L, typical:EPS) on the worlds and a tiny model, a table and a PNG")
-    p.add_argument("--png", default="lossy.png", help="with --lossy: where the plot goes")
+    p.add_argument("--png", default=None,
+                   help="with --lossy: where the plot goes (default lossy.png; '' to skip)")
     p.set_defaults(run=run)
 
 
@@ -26,6 +27,7 @@ def run(args) -> int:
     from exactspec import cli  # run_audit is looked up there, so tests can replace it
     from exactspec.audit import AuditConfig, format_table
 
+    refuse_without(args, {"png": "--png"}, args.lossy, "--lossy")
     if args.lossy:
         return _run_lossy(args)
     samples = AuditConfig.samples if args.samples is None else args.samples
@@ -47,6 +49,7 @@ def _run_lossy(args) -> int:
     cfg = LossyConfig(seed=args.seed, **sizes)
     result = run_lossy(cfg)
     print(format_lossy(result, cfg))
-    if args.png:
-        print(f"plot: {plot_lossy(result, args.png)}")
+    png = value_or(args, "png", "lossy.png")
+    if png:
+        print(f"plot: {plot_lossy(result, png)}")
     return 0 if all(abs(r.measured_tv - r.model_tv) <= r.bound for r in result) else 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from exactspec.cli.common import UsageError, at_least
+from exactspec.cli.common import UsageError, at_least, refuse_without, value_or
 
 
 def _draft_tokens(text: str) -> int | str:
@@ -62,10 +62,12 @@ def add(sub) -> None:
                    help="write log p of each token under the target's standardized distribution")
     p.add_argument("--batch-size", type=at_least(1), default=64,
                    help="samples per forward pass and per unit of work (default 64)")
-    p.add_argument("--num-draft-tokens", type=_draft_tokens, default=4, metavar="N|auto",
+    p.add_argument("--num-draft-tokens", type=_draft_tokens, default=None, metavar="N|auto",
                    help="draft tokens per step (default 4; 'auto' is lossless too, but a "
-                   "seed's text then depends on timings, so a resumed job is not reproducible)")
-    p.add_argument("--verify", choices=["token", "block", "greedy"], default="token")
+                   "seed's text then depends on timings, so a resumed job is not reproducible); "
+                   "needs a drafter")
+    p.add_argument("--verify", choices=["token", "block", "greedy"], default=None,
+                   help="verification method (default token); needs a drafter")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="end a sample before this text (repeatable)")
     p.add_argument("--no-chat", action="store_true",
@@ -75,8 +77,8 @@ def add(sub) -> None:
                    "rest (default: refuse the job, listing them)")
     p.add_argument("--ray", metavar="ADDRESS", nargs="?", const="", default=None,
                    help="run on Ray actors: a local cluster, or the cluster at ADDRESS")
-    p.add_argument("--workers", type=at_least(1), default=2,
-                   help="Ray actors, each loading the model once (default 2)")
+    p.add_argument("--workers", type=at_least(1), default=None,
+                   help="Ray actors, each loading the model once (default 2); needs --ray")
     p.add_argument("--threads", type=at_least(1), default=None,
                    help="torch threads in this process, or per Ray actor (default: torch's "
                    "choice; on Ray, the cluster's CPUs / --workers)")
@@ -99,9 +101,12 @@ def _drafter(args: argparse.Namespace) -> tuple[str, str] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.ray is None and args.workers != 2:
-        raise UsageError("--workers only applies with --ray")
+    refuse_without(args, {"workers": "--workers"}, args.ray is not None, "--ray")
     drafter = _drafter(args)
+    refuse_without(args, {"num_draft_tokens": "--num-draft-tokens", "verify": "--verify"},
+                   drafter is not None, "a drafter (--quantized-draft, --prompt-lookup, --draft "
+                   "or --eagle); without one, decoding is plain")
+    workers = value_or(args, "workers", 2)
     from exactspec.batch import BatchConfig, EngineSpec, run_batch
     from exactspec.sampling import SamplingParams
 
@@ -109,8 +114,9 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    spec = EngineSpec(model=args.model, drafter=drafter, num_draft_tokens=args.num_draft_tokens,
-                      verify=args.verify, stop=tuple(args.stop or ()),
+    spec = EngineSpec(model=args.model, drafter=drafter,
+                      num_draft_tokens=value_or(args, "num_draft_tokens", 4),
+                      verify=value_or(args, "verify", "token"), stop=tuple(args.stop or ()),
                       batch_size=args.batch_size,
                       threads=args.threads if args.ray is not None else None,
                       chat=not args.no_chat)
@@ -121,9 +127,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = BatchConfig(input=args.input, output=args.output, engine=spec, n=args.n,
                       max_new_tokens=args.max_new_tokens, params=params, seed=args.seed,
                       logprobs=args.logprobs, errors=args.errors, ray=args.ray is not None,
-                      address=args.ray or None, workers=args.workers)
+                      address=args.ray or None, workers=workers)
     res = run_batch(cfg)
-    where = f"on Ray, {args.workers} workers" if args.ray is not None else "locally"
+    where = f"on Ray, {workers} workers" if args.ray is not None else "locally"
     bad = ""
     if res.bad_rows:
         bad = f"; {len(res.bad_rows)} bad input rows skipped into {args.errors}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from exactspec.cli.common import UsageError, at_least
+from exactspec.cli.common import UsageError, at_least, refuse_without, value_or
 
 
 def draft_tokens(text: str) -> int | str:
@@ -54,9 +54,9 @@ def add(sub) -> None:
                    "%(default)s; 0.0.0.0 exposes it to the network)")
     p.add_argument("--port", type=at_least(0), default=8000)
     add_drafter_flags(p)
-    p.add_argument("--num-draft-tokens", type=draft_tokens, default=4, metavar="N|auto",
+    p.add_argument("--num-draft-tokens", type=draft_tokens, default=None, metavar="N|auto",
                    help="draft tokens per step (default 4), or 'auto' (still exact; a seed's "
-                   "text then depends on timings)")
+                   "text then depends on timings); needs a drafter")
     p.add_argument("--max-batch", type=at_least(1), default=32,
                    help="rows decoded together (default %(default)s)")
     p.add_argument("--max-queue", type=at_least(1), default=64,
@@ -80,6 +80,9 @@ def run(args) -> int:
 
     if args.request_timeout <= 0:
         raise UsageError(f"--request-timeout must be > 0, got {args.request_timeout}")
+    has_drafter = bool(args.prompt_lookup or args.draft or args.eagle or args.quantized_draft)
+    refuse_without(args, {"num_draft_tokens": "--num-draft-tokens"}, has_drafter,
+                   "a drafter (--prompt-lookup, --draft, --eagle or --quantized-draft)")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model = load(args.model)
@@ -88,6 +91,7 @@ def run(args) -> int:
         served_name=args.served_name or args.model, api_key=args.api_key,
         request_timeout=args.request_timeout, drafter_name=name,
         engine=EngineConfig(max_batch=args.max_batch, max_queue=args.max_queue,
-                            num_draft_tokens=args.num_draft_tokens if drafter else 0))
+                            num_draft_tokens=value_or(args, "num_draft_tokens", 4)
+                            if drafter else 0))
     serve(model, drafter, config, host=args.host, port=args.port)
     return 0

@@ -127,3 +127,17 @@ def test_bench_draft_layers_beyond_the_model_is_refused(model_dir, tmp_path, cap
     assert main(argv) == 2
     line = _one_error_line(capsys)
     assert "--draft-layers 3 must be in 1..2" in line
+
+
+@pytest.mark.parametrize(("argv", "named", "needs"), [
+    (["batch", "in.jsonl", "out.jsonl", "--num-draft-tokens", "3"], "--num-draft-tokens",
+     "a drafter"),
+    (["batch", "in.jsonl", "out.jsonl", "--verify", "block"], "--verify", "a drafter"),
+    (["batch", "in.jsonl", "out.jsonl", "--workers", "2"], "--workers", "--ray"),
+    (["serve", "--num-draft-tokens", "auto"], "--num-draft-tokens", "a drafter"),
+    (["audit", "--png", "x.png"], "--png", "--lossy"),
+])
+def test_other_subcommands_refuse_flags_they_would_ignore(argv, named, needs, capsys) -> None:
+    assert main(argv) == 2  # refused before reading any input or loading any model
+    line = _one_error_line(capsys)
+    assert f"{named} only applies with {needs}" in line, line
