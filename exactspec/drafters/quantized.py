@@ -80,6 +80,7 @@ class QuantizedDraft(DraftModel):
             if not llama_cpp_available():
                 raise InvalidValue("backend='llama.cpp' needs the optional package "
                                    "llama-cpp-python: install it with `make llama-cpp`")
+        self._auto = backend == "auto"  # resolved again at begin for a target not on the CPU
         if backend == "auto":
             backend = "llama.cpp" if (llama_cpp_available() and bits in GGUF_TYPES
                                       and layers is None and group_size == 32) else "torch"
@@ -113,6 +114,8 @@ class QuantizedDraft(DraftModel):
         if self.layers is not None and not all(0 <= i < n_layers for i in self.layers):
             raise InvalidValue(f"layers={list(self.layers)} must lie in 0..{n_layers - 1} (the "
                                f"target has {n_layers} layers)")
+        if self._auto and next(model.parameters()).device.type != "cpu":
+            self.backend = "torch"  # llama.cpp is built for the CPU here; keep the draft by it
         if self.backend == "llama.cpp":
             self._gguf_for(model).begin(context, target)
             return
