@@ -123,7 +123,7 @@ def run_batch(cfg: BatchConfig, *, engine: Engine | None = None,
     finally:
         runner.close()
     return BatchResult(written, already, bad, tokens, seconds, repaired,
-                       getattr(runner, "redone", 0), seed)
+                       runner.redone, seed)
 
 
 def _refusal(path, bad: list[BadRow]) -> str:
@@ -221,6 +221,7 @@ class _LocalRunner:
 
     def __init__(self, spec: EngineSpec, engine: Engine | None) -> None:
         self.worker = Worker(spec, engine)
+        self.redone = 0  # shards sent twice (never, in one process)
 
     def encode(self, rows: list[InputRow], max_new_tokens: int) -> list[list[int] | str]:
         return self.worker.encode(rows, max_new_tokens)

@@ -36,7 +36,6 @@ class OutputFile:
         self.done: set[tuple[str, int]] = set()  # (id key, index) pairs already written
         self.repaired = 0  # bytes of a partly written last line that were cut off
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._check_settings(settings)
         self._f = open(self.path, "a+b")  # noqa: SIM115 (closed by close())
         try:
             fcntl.flock(self._f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -44,11 +43,16 @@ class OutputFile:
             self._f.close()
             raise InvalidValue(f"{self.path} is being written by another exactspec batch job; "
                                "wait for it or choose another output file") from None
-        self._scan()
+        try:
+            self._check_settings(settings)
+            self._scan()
+        except BaseException:
+            self._f.close()
+            raise
 
     def _check_settings(self, settings: dict) -> None:
         meta = job_file(self.path)
-        if meta.exists() and self.path.exists() and self.path.stat().st_size > 0:
+        if meta.exists() and self.path.stat().st_size > 0:
             old = json.loads(meta.read_text())
             diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
             if diff:

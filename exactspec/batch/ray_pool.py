@@ -16,6 +16,7 @@ import logging
 import os
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import replace
 
 from exactspec.batch.rows import InputRow
 from exactspec.batch.work import EngineSpec, Task, Worker
@@ -87,7 +88,7 @@ class RayPool:
             self._started = True
         cpus = ray.cluster_resources().get("CPU", 1.0)
         self.threads = threads or max(1, int(cpus // workers))  # torch threads per actor
-        self.spec = EngineSpec(**{**spec.__dict__, "threads": self.threads})
+        self.spec = replace(spec, threads=self.threads)
         self._actor_class = ray.remote(num_cpus=min(self.threads, max(cpus / workers, 0.01)),
                                        max_restarts=0)(_WorkerActor)
         self.max_failures = 2 * workers if max_failures is None else max_failures
