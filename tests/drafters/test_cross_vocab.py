@@ -203,9 +203,9 @@ class Unrenormalised(CrossVocabDraft):
         return drafts, q
 
 
-def _counts(target, drafter, seed):
-    gens = generate(target, [PROMPT] * ROWS, drafter=drafter, params=replace(FILTERED, seed=seed),
-                    max_new_tokens=N + K, num_draft_tokens=K, batch_size=ROWS)
+def _counts(target, drafter, seed, rows=ROWS):
+    gens = generate(target, [PROMPT] * rows, drafter=drafter, params=replace(FILTERED, seed=seed),
+                    max_new_tokens=N + K, num_draft_tokens=K, batch_size=rows)
     seqs = torch.tensor([g.token_ids[:N] for g in gens])  # [ROWS, N]
     return bincount(sequence_ids(seqs, V), V**N), sum(g.stats.accepted for g in gens)
 
@@ -227,5 +227,7 @@ def test_a_draft_that_forgets_to_renormalise_is_caught(pair):
         generate(target, [PROMPT], drafter=unnormalised, params=FILTERED, max_new_tokens=3)
     x = TARGET_CHARS.index("x")  # a target token the draft cannot produce
     wrong = Unrenormalised(tiny_llama(1), tokenizer=bpe(DRAFT_VOCAB, DRAFT_MERGES), leftover=x)
-    counts, _ = _counts(target, wrong, seed=6)  # a q that sums to 1, but was not sampled
+    # a q that sums to 1 but is not what was sampled; 2,000 rows suffice (statistic ~2,600
+    # against a threshold of ~210 when this was written)
+    counts, _ = _counts(target, wrong, seed=6, rows=2000)
     assert chi_square(counts, law).rejected
