@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from exactspec.drafters.base import DraftContext, TargetInfo, empty_proposal
+from exactspec.drafters.tree_draft import check_tree, draft_model_tree
 from exactspec.errors import InvalidValue
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import as_model
-from exactspec.sampling import DOMAIN_DRAFT, sample
+from exactspec.sampling import DOMAIN_DRAFT, DraftTree, sample
 
 
 class DraftModel:
@@ -18,18 +19,23 @@ class DraftModel:
     same history the target will use for p there (context plus drafts 0..j-1), so q is exactly
     the distribution the token was drawn from. The draft keeps its own KV cache; rejected drafts
     are dropped at the next `propose` by keeping only the cached prefix that agrees with the
-    context. `model`: an exactspec Model or a transformers causal LM.
+    context. `model`: an exactspec Model or a transformers causal LM. `tree=(3, 2, 1)` drafts a
+    token tree instead (branching per depth, siblings drawn as `siblings`; greedy batches take
+    the top-k), one draft forward per depth.
     """
 
     hidden_layers = None  # needs no target features
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, *, tree=None, siblings: str = "without_replacement") -> None:
         self.model = as_model(model)  # the draft LM and its tokenizer (if any)
+        # branching per depth (None: chains) and how siblings are drawn (SIBLING_KINDS)
+        self.tree, self.siblings = check_tree(tree, siblings)
         self._adapter: TargetAdapter | None = None
         self._fed: torch.Tensor | None = None  # [B, S] long: tokens in the draft cache slots
 
     def __repr__(self) -> str:
-        return f"DraftModel({self.model.name!r})"
+        tree = "" if self.tree is None else f", tree={self.tree}, siblings={self.siblings!r}"
+        return f"DraftModel({self.model.name!r}{tree})"
 
     def begin(self, context: DraftContext, target: TargetInfo) -> None:
         self._check_vocab(target)
@@ -72,28 +78,15 @@ class DraftModel:
     def propose(
         self, context: DraftContext, num_tokens: torch.Tensor  # [B]
     ) -> tuple[torch.Tensor, torch.Tensor]:  # [B, K] -1 padded, [B, K, V]
-        ad, fed = self._adapter, self._fed
-        assert ad is not None and fed is not None, "begin() first"
+        ad = self._adapter
+        assert ad is not None and self._fed is not None, "begin() first"
         dev = ad.device
-        tokens = context.tokens.to(dev)  # [B, T]
-        lengths = context.lengths.to(dev)  # [B]
-        b = tokens.shape[0]
+        b = context.tokens.shape[0]
         drafts, q = empty_proposal(num_tokens, self.model.vocab_size, dev)  # [B, K] -1, [B, K, V] 0
         k = drafts.shape[1]
         if k == 0:
             return drafts, q
-        # roll back: keep the cached prefix that agrees with the context (never the last token)
-        s = min(fed.shape[1], tokens.shape[1])
-        agree = (fed[:, :s] == tokens[:, :s]).long().cumprod(1).sum(1)  # [B]
-        keep = torch.minimum(torch.minimum(agree, ad.lengths), lengths - 1)
-        ad.rewind(keep)
-        # feed what the cache lacks (at least the last token), ragged, right-padded
-        pending = lengths - keep  # [B] >= 1
-        width = int(pending.max())
-        idx = keep[:, None] + torch.arange(width, device=dev)  # [B, W]
-        feed = tokens.gather(1, idx.clamp(max=tokens.shape[1] - 1))
-        feed = torch.where(idx < lengths[:, None], feed, ad.pad_token_id)
-        last = pending - 1  # [B] index of each row's last real token in `feed`
+        feed, last = self._catch_up(context)
         for j in range(k):
             self._record(feed, ad.lengths)
             logits = ad.extend(feed)  # [B, W, V]
@@ -107,6 +100,29 @@ class DraftModel:
             last = torch.zeros_like(last)
         want = torch.arange(k, device=dev)[None, :] < num_tokens.to(dev)[:, None]
         return torch.where(want, drafts, -1), q
+
+    def _catch_up(self, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Roll the draft cache back to the cached prefix that agrees with the context (never
+        the last token) and return what it lacks: feed [B, W] (ragged, right-padded) and the
+        index of each row's last real token in it [B]."""
+        ad, fed = self._adapter, self._fed
+        dev = ad.device
+        tokens = context.tokens.to(dev)  # [B, T]
+        lengths = context.lengths.to(dev)  # [B]
+        s = min(fed.shape[1], tokens.shape[1])
+        agree = (fed[:, :s] == tokens[:, :s]).long().cumprod(1).sum(1)  # [B]
+        keep = torch.minimum(torch.minimum(agree, ad.lengths), lengths - 1)
+        ad.rewind(keep)
+        pending = lengths - keep  # [B] >= 1
+        width = int(pending.max())
+        idx = keep[:, None] + torch.arange(width, device=dev)  # [B, W]
+        feed = tokens.gather(1, idx.clamp(max=tokens.shape[1] - 1))
+        feed = torch.where(idx < lengths[:, None], feed, ad.pad_token_id)
+        return feed, pending - 1
+
+    def propose_tree(self, context: DraftContext, max_depth: torch.Tensor) -> DraftTree:
+        """The tree of `self.tree` (exactspec/drafters/tree_draft.py); max_depth [B]."""
+        return draft_model_tree(self, context, max_depth)
 
     def _record(self, feed: torch.Tensor, at: torch.Tensor) -> None:
         """Remember which tokens the next extend writes into which draft cache slots."""

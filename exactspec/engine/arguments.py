@@ -73,14 +73,14 @@ def check_layers(drafter: Drafter | None) -> tuple[int, ...] | None:
 
 def check_verify(verify, params: list[SamplingParams]) -> str | Callable:
     """The verify method; refuses a method that is not exact for some row's parameters."""
-    if callable(verify):
+    if callable(verify) or verify == "traversal":  # traversal: trees; "block" on a chain
         return verify
     if isinstance(verify, str) and verify not in METHODS and parse_lossy(verify) is not None:
         log.warning("verify=%r is a LOSSY rule: the output is not distributed as the target's "
                     "(see `exactspec audit --lossy` for its drift)", verify)
         return verify
     if not isinstance(verify, str) or verify not in METHODS:
-        raise InvalidValue(f"verify={verify!r} must be one of {list(METHODS)}, a lossy rule "
+        raise InvalidValue(f"verify={verify!r} must be one of {[*METHODS, 'traversal']}, a lossy rule "
                            "('lenient:L', 'typical:EPS'), or a callable with exactspec.verify's "
                            "signature")
     if verify == "greedy":

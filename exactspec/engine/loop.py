@@ -17,6 +17,7 @@ from exactspec.engine.batch import BatchState, Row, RowOutput
 from exactspec.engine.policy import AUTO_MAX_DRAFT, DraftLengthPolicy
 from exactspec.engine.step import Clock, NoDrafter, StepRules, decode_step, plain_rule
 from exactspec.engine.stopping import StopRule
+from exactspec.engine.tree_step import tree_rule
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import Model, as_model
 from exactspec.sampling import RowStreams, SamplingParams, Verdict, verify
@@ -59,7 +60,8 @@ def verify_rule(drafter: Drafter | None, verify_arg: str | VerifyFn):
     if callable(verify_arg):
         return lambda p, x, q, streams: verify_arg(p, x, q, generator=streams)
     # p is made by the engine and a user drafter's q is checked before: no second check
-    return lambda p, x, q, streams: verify(p, x, q, method=verify_arg, generator=streams,
+    method = "block" if verify_arg == "traversal" else verify_arg  # traversal on a chain
+    return lambda p, x, q, streams: verify(p, x, q, method=method, generator=streams,
                                            check=False)
 
 
@@ -76,7 +78,8 @@ class Decoder:
         self.target = target
         self.cfg = cfg
         self.admitted = False  # whether rows were admitted before (their clocks start later)
-        adapter = TargetAdapter(target.model)
+        # a speculative run's rare one-row steps do not build the one-row weight copy
+        adapter = TargetAdapter(target.model, one_row_copy=drafter is None)
         self.clock.device = adapter.device
         k = 0 if drafter is None else cfg.num_draft_tokens
         extra = 1 + (AUTO_MAX_DRAFT if k == "auto" else int(k))  # the last token + drafts
@@ -88,7 +91,8 @@ class Decoder:
         self.rules = StepRules(
             verify=verify_rule(drafter, cfg.verify),
             check_q=not engine_made(self.batch.drafter),
-            max_new_tokens=cfg.max_new_tokens, return_logprobs=cfg.return_logprobs)
+            max_new_tokens=cfg.max_new_tokens, return_logprobs=cfg.return_logprobs,
+            tree_step=tree_rule(drafter, cfg.verify))
 
     @property
     def rows(self) -> list[Row]:

@@ -31,6 +31,8 @@ class StepRules:
     check_q: bool  # validate the drafter's q (a user drafter's; the engine's own are exact)
     max_new_tokens: int  # per row
     return_logprobs: bool  # collect log p of each emitted token
+    # a tree drafter's step, tree_step(batch, rules, clock, room [B]) (engine/tree_step.py)
+    tree_step: Callable | None = None
 
 
 class NoDrafter:
@@ -79,6 +81,8 @@ def decode_step(batch: BatchState, rules: StepRules, clock: Clock) -> list[tuple
     # 1. propose: up to `want` drafts per row, within each row's budget and the context
     room = torch.tensor([rules.max_new_tokens - len(r.output.tokens) for r in batch.rows])
     room = torch.minimum(room - 1, batch.target.max_context - batch.lengths.cpu())
+    if rules.tree_step is not None:  # a token tree instead of a chain
+        return rules.tree_step(batch, rules, clock, room.clamp(min=0))
     want = batch.policy.choose(room)  # [B]
     drafts, q = batch.drafter.propose(batch.context(), want.to(dev))  # [B, K'], [B, K', V]
     drafts = drafts.to(dev)
@@ -105,9 +109,24 @@ def decode_step(batch: BatchState, rules: StepRules, clock: Clock) -> list[tuple
     assert verdict.tokens.shape == (len(batch), k + 1), verdict.tokens.shape
     # 5. commit: the target keeps the verified tokens, each row what its stop rule allows
     batch.target.commit(n + 1)
+    return finish_step(batch, rules, clock, p, verdict.tokens.to(dev), n, num_real, feats,
+                       (draft_s, target_s, verify_s), k + 1)
+
+
+def finish_step(batch: BatchState, rules: StepRules, clock: Clock,
+                p: torch.Tensor,  # [B, K+1, V] p at the root and after each accepted token
+                emitted: torch.Tensor,  # [B, K+1] verified tokens, -1 padded
+                n: torch.Tensor,  # [B] accepted drafts
+                num_real: torch.Tensor,  # [B] tokens drafted per row
+                feats: torch.Tensor | None,  # [B, K+1, F] target features at those positions
+                seconds: tuple[float, float, float],  # draft, target, verify time of the step
+                width: int) -> list[tuple[Row, list[int]]]:  # tokens the target forward scored
+    """Hand a verified step to every row (the target's cache already keeps it): outputs, stop
+    rules, logprobs, statistics, the draft-length policy, the batch's token buffer."""
+    dev = batch.target.device
+    draft_s, target_s, verify_s = seconds
     batch.policy.observe(num_real, n)
-    batch.policy.observe_costs(draft_s, k, target_s, k + 1)
-    emitted = verdict.tokens.to(dev)  # [B, K+1]
+    batch.policy.observe_costs(draft_s, width - 1, target_s, width)
     logprobs = None
     if rules.return_logprobs:
         logprobs = p.gather(2, emitted.clamp(min=0)[..., None]).squeeze(-1).log().tolist()

@@ -1,0 +1,137 @@
+"""Token trees from drafters: children drawn per node (i.i.d., without replacement, or the
+top-k), a draft model growing its tree one depth per forward, prompt lookup's branches.
+
+Randomness: node i is drawn with the row's stream, domain DOMAIN_DRAFT + i, so a chain drafted
+as a tree uses the same uniforms as the chain drafter. A node is drawn from the draft's q at its
+parent's path, standardized with that path as history, and the DraftTree records exactly that
+q (or none for point masses), which is what makes verification lossless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from exactspec.drafters.base import DraftContext
+from exactspec.errors import InvalidType, InvalidValue
+from exactspec.models.tree_attention import extend_at
+from exactspec.sampling import (
+    DOMAIN_DRAFT,
+    SIBLING_KINDS,
+    DraftTree,
+    branching_parents,
+    sample_from_weights,
+    uniforms,
+)
+from exactspec.sampling.tree import tree_shape
+
+
+def check_tree(tree, siblings: str) -> tuple[tuple[int, ...] | None, str]:
+    """Validate a drafter's `tree=` (branching per depth) and `siblings=` arguments."""
+    if siblings not in SIBLING_KINDS:
+        raise InvalidValue(f"siblings={siblings!r} must be one of {', '.join(SIBLING_KINDS)}")
+    if tree is None:
+        return None, siblings
+    if isinstance(tree, int | str) or not isinstance(tree, Sequence):
+        raise InvalidType(f"tree={tree!r} must be a sequence of branching factors, one per "
+                          "depth, e.g. tree=(3, 2, 1)")
+    branching_parents(tree)  # raises InvalidValue on zeros and non-ints
+    return tuple(tree), siblings
+
+
+def choose_children(q: torch.Tensor, logits: torch.Tensor, count: int, kind: str,
+                    u: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:  # [B, count], -1
+    """`count` children per row from q [B, V] (logits [B, V] rank the top-k of greedy rows).
+
+    iid: inverse CDF of q with each column of u [B, count]; without_replacement: the same from
+    q without the children drawn before (a row out of mass leaves the rest -1); deterministic:
+    the top-k of q's support (greedy rows [B] bool: q's argmax, then the logits' order).
+    """
+    bsz, vocab = q.shape
+    if kind == "deterministic":
+        key = torch.where(q > 0, q.double(), -torch.inf)
+        key = torch.where(greedy[:, None], torch.where(q > 0, torch.inf, logits.double()), key)
+        top = key.topk(min(count, vocab), dim=-1)
+        out = torch.where(top.values > -torch.inf, top.indices, -1)
+        return torch.cat([out, out.new_full((bsz, count - out.shape[1]), -1)], 1)
+    out = torch.full((bsz, count), -1, dtype=torch.long, device=q.device)
+    left = q.clone()
+    for j in range(count):
+        live = left.sum(-1) > 0
+        x = sample_from_weights(left, u[:, j])
+        out[:, j] = torch.where(live, x, -1)
+        if kind == "without_replacement":
+            left.scatter_(1, x[:, None], 0.0)
+    return out
+
+
+@torch.inference_mode()
+def draft_model_tree(drafter, context: DraftContext, max_depth: torch.Tensor) -> DraftTree:
+    """A DraftModel's tree: one draft forward for the root, one per further depth over that
+    depth's nodes (tree attention in the draft's own cache); nodes deeper than max_depth [B]
+    are left unused. The draft cache keeps only the committed prefix afterwards."""
+    ad = drafter._adapter
+    dev = ad.device
+    feed, last = drafter._catch_up(context)  # [B, W], [B]
+    drafter._record(feed, ad.lengths)
+    bsz = feed.shape[0]
+    rows = torch.arange(bsz, device=dev)
+    root_logits = ad.extend(feed)[rows, last]  # [B, V]
+    ad.commit(last + 1)  # the root (the context's last token) is now cached
+    start = ad.lengths.clone()  # [B] node i lives at slot start + i, position start - 1 + depth
+    parents = branching_parents(drafter.tree)
+    n, vocab = len(parents), root_logits.shape[-1]
+    par = torch.tensor(parents, dtype=torch.long, device=dev)
+    shape = tree_shape(torch.zeros(1, n, dtype=torch.long, device=dev), par[None])
+    depth, anc = shape.depth[0], shape.ancestors[0]  # [N], [N, N]
+    greedy = torch.tensor([p.is_greedy for p in context.rows_params()], device=dev)
+    kind = "deterministic" if bool(greedy.all()) else drafter.siblings
+    tokens = torch.full((bsz, n), -1, dtype=torch.long, device=dev)
+    q_nodes = torch.zeros(bsz, n, vocab, dtype=torch.float32, device=dev)
+    u = torch.cat([uniforms(context.streams, bsz, 1, DOMAIN_DRAFT + i, dev) for i in range(n)], 1)
+    paths = torch.full((bsz, n, len(drafter.tree)), -1, dtype=torch.long, device=dev)
+    level_logits = {-1: root_logits}  # node (or -1, the root) -> its logits [B, V]
+    for d in range(len(drafter.tree)):
+        for u_node in [-1] if d == 0 else (depth == d).nonzero()[:, 0].tolist():
+            kids = (par == u_node).nonzero()[:, 0]
+            if not kids.numel():
+                continue
+            hist = None if u_node < 0 else paths[:, u_node, :d]
+            q_u = context.standardize(level_logits[u_node], hist).float()  # [B, V]
+            x = choose_children(q_u, level_logits[u_node], kids.numel(), kind, u[:, kids], greedy)
+            alive = (max_depth > d) & (torch.ones_like(greedy) if u_node < 0
+                                       else tokens[:, u_node] >= 0)
+            tokens[:, kids] = torch.where(alive[:, None], x, -1)
+            q_nodes[:, kids] = q_u[:, None]
+            base = paths[:, u_node].clone() if u_node >= 0 else torch.full_like(paths[:, 0], -1)
+            paths[:, kids] = base[:, None]
+            paths[:, kids, d] = tokens[:, kids]
+        nxt = (depth == d + 1).nonzero()[:, 0]
+        if d + 1 < len(drafter.tree) and nxt.numel():
+            level_logits.update(_level_forward(ad, tokens, nxt, start, d + 1, anc))
+    # tree slots hold no chain: the next propose must not keep them as an agreeing prefix
+    pos = torch.arange(drafter._fed.shape[1], device=dev)[None, :]
+    drafter._fed = torch.where(pos < start[:, None], drafter._fed, -1)
+    q = None if kind == "deterministic" else q_nodes
+    return DraftTree(tokens, par.expand(bsz, n).clone(), q, kind)
+
+
+def _level_forward(ad, tokens: torch.Tensor, nodes: torch.Tensor, start: torch.Tensor,
+                   depth: int, anc: torch.Tensor) -> dict[int, torch.Tensor]:
+    """The draft's logits after each of `nodes` (all at `depth`): {node: [B, V]}."""
+    bsz = tokens.shape[0]
+    dev = tokens.device
+    n = tokens.shape[1]
+    feed = torch.where(tokens[:, nodes] >= 0, tokens[:, nodes], ad.pad_token_id)  # [B, M]
+    slots = start[:, None] + nodes[None, :]  # [B, M]
+    positions = (start - 1 + depth)[:, None].expand_as(slots)
+    view_len = int(start.max()) + n
+    cols = torch.arange(view_len, device=dev)
+    visible = (cols[None, None, :] < start[:, None, None]).expand(bsz, nodes.numel(), view_len)
+    visible = visible.clone()
+    node_slots = start[:, None, None] + torch.arange(n, device=dev)[None, None, :]  # [B, 1, N]
+    visible.scatter_(2, node_slots.expand(bsz, nodes.numel(), n),
+                     anc[nodes][None].expand(bsz, -1, -1))
+    logits = extend_at(ad, feed, positions, slots, visible)  # [B, M, V]
+    return {int(i): logits[:, m] for m, i in enumerate(nodes.tolist())}

@@ -1,0 +1,102 @@
+"""The decode step for a token-tree drafter: propose a tree -> one tree-attention forward ->
+standardize at every node -> verify_tree -> keep the accepted path.
+
+Same contract as `decode_step` (it hands over to the same `finish_step`): the target's cache
+keeps every token but the last, rows keep what their stop rule allows, the random stream of a
+row advances once per step. The tree's shape comes from the drafter; a row's depth is capped by
+its remaining token budget, never by `num_draft_tokens`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from exactspec.drafters.base import DraftContext
+from exactspec.engine.batch import BatchState, Row
+from exactspec.engine.step import Clock, StepRules, finish_step
+from exactspec.errors import InvalidValue
+from exactspec.models.tree_attention import commit_path, extend_tree, path_index
+from exactspec.sampling import DraftTree, tree_history, verify_tree
+from exactspec.sampling.standardize import probs_from_logits_rows
+
+
+@runtime_checkable
+class TreeDrafter(Protocol):
+    """A drafter that can propose token trees: `tree` is None while it drafts chains."""
+
+    tree: tuple[int, ...] | None  # branching per depth, e.g. (3, 2, 1); None: chains
+
+    def propose_tree(self, context: DraftContext,
+                     max_depth: torch.Tensor) -> DraftTree:  # max_depth [B] long
+        """A tree per row, no node deeper than max_depth[b]; q of every node (or point masses)."""
+
+
+def tree_drafting(drafter) -> bool:
+    """Whether the engine runs tree steps for `drafter`."""
+    return isinstance(drafter, TreeDrafter) and drafter.tree is not None
+
+
+def tree_rule(drafter, verify) -> partial | None:
+    """The tree step for `drafter` with verify method `verify`, or None for chain drafters.
+
+    "block" is chain-only (its tree form is "traversal"); callables and lossy rules take
+    chains; all of these are refused here, with the fix.
+    """
+    if not tree_drafting(drafter):
+        return None
+    if verify == "block":
+        raise InvalidValue("verify='block' verifies chains; with a tree drafter use "
+                           "verify='traversal' (block verification's tree form) or 'token'")
+    if verify not in ("token", "traversal", "greedy"):
+        raise InvalidValue(f"verify={verify!r} cannot verify token trees; with a tree drafter "
+                           "use 'token', 'traversal' or 'greedy'")
+    return partial(tree_step, method=verify)
+
+
+def tree_step(batch: BatchState, rules: StepRules, clock: Clock, room: torch.Tensor, *,
+              method: str) -> list[tuple[Row, list[int]]]:  # room [B]: tokens each row may add
+    """One step of every row with a token tree; see the module docstring."""
+    dev = batch.target.device
+    tree = batch.drafter.propose_tree(batch.context(), room.to(dev))  # [B, N] nodes
+    tree = _on(tree, dev)
+    draft_s = clock.lap()
+    root = batch.tokens.gather(1, (batch.lengths - 1)[:, None])[:, 0]  # [B] last token
+    out = extend_tree(batch.target, root, tree, hidden_layers=batch.layers)
+    logits, feats = out if batch.layers is not None else (out, None)  # [B, N+1, V], [B, N+1, F]
+    target_s = clock.lap()
+    p = tree_target_probs(batch, logits, tree)  # [B, N+1, V]
+    verdict = verify_tree(p, tree, method=method, generator=batch.streams, check=rules.check_q)
+    batch.streams.advance()
+    n = verdict.num_accepted.to(dev)  # [B]
+    verify_s = clock.lap()
+    commit_path(batch.target, verdict.path)  # the root and the path stay in the cache
+    width = int(n.max()) + 1 if len(batch) else 1
+    idx = path_index(verdict.path.to(dev))[:, :width]  # [B, D+1] where the path was scored
+    p_path = p.gather(1, idx[..., None].expand(-1, -1, p.shape[-1]))  # [B, D+1, V]
+    f_path = None if feats is None else feats.gather(
+        1, idx[..., None].expand(-1, -1, feats.shape[-1]))  # [B, D+1, F]
+    nodes = tree.shape.valid.sum(1)  # [B] drafted nodes
+    return finish_step(batch, rules, clock, p_path, verdict.tokens[:, :width].to(dev), n, nodes,
+                       f_path, (draft_s, target_s, verify_s), tree.num_nodes + 1)
+
+
+def tree_target_probs(batch: BatchState, logits: torch.Tensor,  # [B, N+1, V]
+                      tree: DraftTree) -> torch.Tensor:  # [B, N+1, V]
+    """p at the root and after each node: each row's own params, with the history of that
+    node's path (its own branch, not the nodes drawn before it in the layout)."""
+    prev = None
+    if any(law.uses_history for law, _ in batch.groups):
+        prev = tree_history(batch.tokens, batch.lengths, tree)  # [B, N+1, T']
+    plen = batch.prompt_lengths[:, None].expand(-1, tree.num_nodes + 1)  # [B, N+1]
+    return probs_from_logits_rows(logits, batch.params, prev, plen, groups=batch.groups)
+
+
+def _on(tree: DraftTree, dev: torch.device) -> DraftTree:
+    """The tree with its tensors on the target's device."""
+    if tree.tokens.device == dev:
+        return tree
+    q = None if tree.draft_probs is None else tree.draft_probs.to(dev)
+    return DraftTree(tree.tokens.to(dev), tree.parents.to(dev), q, tree.siblings)
