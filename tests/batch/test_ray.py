@@ -37,15 +37,17 @@ def job(tiny_dir, tmp_path_factory):
 
 
 def _worker_pids() -> list[int]:
-    """Processes of this job's Ray actors (their titles start with ray::_WorkerActor)."""
+    """This cluster's actor processes: children of its raylet titled ray::_WorkerActor."""
+    raylet = ray._private.worker._global_node.all_processes["raylet"][0].process.pid
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
                 continue
-            if cmdline.startswith(b"ray::_WorkerActor"):
+            if ppid == raylet and cmdline.startswith(b"ray::_WorkerActor"):
                 pids.append(int(entry.name))
     return pids
 
