@@ -1,9 +1,10 @@
 """Exactness under load: the server's outputs are the target's law, and greedy is plain greedy.
 
-Statistical test (alpha = 1e-6, fixed seeds), as tests/audit/test_engine_lossless.py: 125
-concurrent seeded requests of n=64 choices each (8000 samples) for one prompt on a tiny random
-Llama with an 8-token vocabulary, speculating with a draft model; the first N tokens' joint
-law is compared by chi-square with the exact law from full forward passes of the target. The
+Statistical test (alpha = 1e-6 per check, fixed seeds), as tests/audit/test_engine_lossless.py:
+125 concurrent seeded requests of n=64 choices each (8000 samples) with filtering parameters,
+and 62 with penalties sent among them, for one prompt on a tiny random Llama with an 8-token
+vocabulary, speculating with a draft model; each law's first N tokens are compared by
+chi-square with the exact law from full forward passes of the target. The
 same test fails on two deliberately wrong servers: a wrong residual in verification (power
 computed from its exact law), and a server that gives every choice of a request the same
 random stream (its counts come in multiples of 64, so the statistic is about 64 times a
@@ -28,7 +29,7 @@ from exactspec.audit.samplers import sequence_ids
 from exactspec.audit.stats import bincount, chi_square
 from exactspec.audit.world import logits_table, model_world
 from exactspec.models.loading import Model
-from tests.audit.test_engine_lossless import FILTERED, PROMPT, K, N, V, tiny_llama
+from tests.audit.test_engine_lossless import FILTERED, PENALISED, PROMPT, K, N, V, tiny_llama
 from tests.engine.tiny import char_tokenizer, perturbed
 from tests.engine.tiny import tiny_llama as char_llama
 from tests.serve.conftest import NAME, client, openai, start
@@ -52,53 +53,79 @@ def world():
         return logits_table(lambda ids: model(ids).logits, PROMPT, V, N + K)
 
     law_world = model_world(table(target), table(draft), V, N + K, FILTERED, PROMPT)
-    return Model(target, symbol_tokenizer(), "tiny-8"), draft, law_world
+    other = model_world(table(target), table(draft), V, N + K, PENALISED, PROMPT)
+    return Model(target, symbol_tokenizer(), "tiny-8"), draft, law_world, target_law(other, N)
 
 
-def _counts(srv, requests: int = REQUESTS) -> torch.Tensor:
-    """Counts [V**N] of the first N tokens of every choice of `requests` concurrent requests."""
-    async def ask(c, seed):
-        r = await c.completions.create(
-            model=NAME, prompt=PROMPT, max_tokens=N + K, n=PER_REQUEST, seed=seed,
-            temperature=FILTERED.temperature, top_p=FILTERED.top_p,
-            extra_body={"top_k": FILTERED.top_k})
+@pytest.fixture(scope="module")
+def penalised_law(world):
+    return world[3]
+
+
+def _body(params) -> dict:
+    """A request's sampling fields for `params` (top-level extensions as vLLM takes them)."""
+    return dict(temperature=params.temperature, top_p=params.top_p,
+                presence_penalty=params.presence_penalty,
+                frequency_penalty=params.frequency_penalty,
+                extra_body={"top_k": params.top_k, "min_p": params.min_p,
+                            "repetition_penalty": params.repetition_penalty})
+
+
+def _counts(srv, requests: int = REQUESTS, other: int = 0) -> list[torch.Tensor]:
+    """Counts [V**N] of the first N tokens of every choice of `requests` concurrent FILTERED
+    requests, and of `other` PENALISED ones sent among them (every third until used up)."""
+    async def ask(c, seed, params):
+        r = await c.completions.create(model=NAME, prompt=PROMPT, max_tokens=N + K,
+                                       n=PER_REQUEST, seed=seed, **_body(params))
         return [ch.text for ch in r.choices]
+
+    kinds = [PENALISED if i % 3 == 2 and i // 3 < other else FILTERED
+             for i in range(requests + other)]
 
     async def main():
         async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0,
                                       timeout=120) as c:
-            return await asyncio.gather(*(ask(c, 1000 + i) for i in range(requests)))
+            return await asyncio.gather(*(ask(c, 1000 + i, p) for i, p in enumerate(kinds)))
 
-    texts = [t for request in asyncio.run(main()) for t in request]
-    assert len(texts) == requests * PER_REQUEST
-    seqs = torch.tensor([[SYMBOLS.index(ch) for ch in t[:N]] for t in texts])  # [ROWS, N]
-    return bincount(sequence_ids(seqs, V), V**N)
+    answers = asyncio.run(main())
+    out = []
+    for params, n in ((FILTERED, requests), (PENALISED, other)):
+        texts = [t for p, ts in zip(kinds, answers, strict=True) if p is params for t in ts]
+        assert len(texts) == n * PER_REQUEST
+        seqs = torch.tensor([[SYMBOLS.index(ch) for ch in t[:N]] for t in texts],
+                            dtype=torch.long)  # [ROWS, N]
+        out.append(bincount(sequence_ids(seqs.reshape(-1, N), V), V**N))
+    return out
 
 
 def _server(world, **engine):
-    model, draft, _ = world
+    model, draft = world[:2]
     return start(model, es.DraftModel(draft),
-                 engine={"max_batch": 2048, "max_queue": REQUESTS, "num_draft_tokens": K,
+                 engine={"max_batch": 2048, "max_queue": 2 * REQUESTS, "num_draft_tokens": K,
                          **engine})
 
 
-def test_concurrent_requests_follow_the_target_law(world):
+def test_concurrent_requests_follow_the_target_law(world, penalised_law):
+    """FILTERED and PENALISED requests interleaved: rows of both laws share decode steps, each
+    standardized with its own parameters, and each law passes on its own."""
     with _server(world) as srv:
-        counts = _counts(srv)
+        filtered, penalised = _counts(srv, REQUESTS, REQUESTS // 2)
         accepted = srv.app.state.metrics.accepted_tokens
-        steps = srv.app.state.metrics.steps
+        peak = srv.app.state.metrics.peak_batch_rows
     assert accepted > REQUESTS * PER_REQUEST // 10  # drafts were really used
-    assert steps < 10 * (N + K)  # concurrent requests shared batches (one batch = N + K steps)
-    result = chi_square(counts, target_law(world[2], N))
-    assert result.dof > 30 and not result.rejected, result
+    assert peak > 2 * PER_REQUEST  # several requests (of both laws, interleaved) shared a step
+    for counts, law in ((filtered, target_law(world[2], N)), (penalised, penalised_law)):
+        result = chi_square(counts, law)
+        assert result.dof > 30 and not result.rejected, result
 
 
 def test_a_server_with_a_wrong_verify_is_caught(world):
     target = target_law(world[2], N)
     wrong = output_law(world[2], WrongResidual("token", K, ResidualFromTarget, "from p"), N)
-    assert power(target, wrong, REQUESTS * PER_REQUEST) > 1 - 1e-6
+    few = REQUESTS // 4  # 1984 samples already see it:
+    assert power(target, wrong, few * PER_REQUEST) > 1 - 1e-6
     with _server(world, verify=wrong_verify(ResidualFromTarget)) as srv:
-        counts = _counts(srv)
+        counts, _ = _counts(srv, few)
     assert chi_square(counts, target).rejected
     assert not chi_square(counts, wrong).rejected  # the server did run the modelled sampler
 
@@ -114,7 +141,7 @@ def test_a_server_reusing_one_stream_per_request_is_caught(world):
             return sub
 
         engine.submit = one_stream
-        counts = _counts(srv, REQUESTS // 4)  # 31 draws, 64 copies of each
+        counts, _ = _counts(srv, REQUESTS // 4)  # 31 draws, 64 copies of each
     assert chi_square(counts, target_law(world[2], N)).rejected
 
 
