@@ -112,6 +112,9 @@ def quantized_engines(k: int, formats: tuple[str, ...] = ("int8", "int4")) -> li
         e += [
             EngineSpec(f"exactspec qdraft {fmt} K={k}", "exactspec", fmt, k, counterpart=hf),
             EngineSpec(f"exactspec qdraft {fmt} auto", "exactspec", fmt, "auto", counterpart=hf),
+            # the torch backend: the very kernels transformers' assistant runs (MatrixLinear)
+            EngineSpec(f"exactspec qdraft {fmt} torch K={k}", "exactspec", f"{fmt}-torch", k,
+                       counterpart=hf),
             EngineSpec(hf, "transformers", fmt, k),
         ]
     return e
@@ -164,8 +167,10 @@ class Engines:
             "lookup": lambda: PromptLookup(min_ngram=1, max_ngram=3),
             "draft": lambda: DraftModel(self.draft),
             "eagle": self._eagle_drafter,
-            "int8": lambda: QuantizedDraft(8),
+            "int8": lambda: QuantizedDraft(8),  # backend auto: llama.cpp when installed
             "int4": lambda: QuantizedDraft(4),
+            "int8-torch": lambda: QuantizedDraft(8, backend="torch"),
+            "int4-torch": lambda: QuantizedDraft(4, backend="torch"),
         }
 
     def available(self, spec: EngineSpec) -> bool:
@@ -173,7 +178,7 @@ class Engines:
             return self.draft is not None
         if spec.drafter == "eagle":
             return self._eagle_factory is not None
-        if spec.drafter in ("int8", "int4"):
+        if spec.drafter.startswith(("int8", "int4")):
             return QuantizedDraft.supports(self.target.model)
         return True
 
