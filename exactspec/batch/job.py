@@ -153,13 +153,15 @@ def _check(cfg: BatchConfig, engine: Engine | None) -> None:
 
 
 def _resumed_seed(out: Path) -> int:
-    """The seed recorded by the job that wrote `out`, or a fresh one."""
+    """The seed recorded by the job that wrote `out`, or a fresh one for a new output."""
+    if not out.exists() or out.stat().st_size == 0:
+        return secrets.randbits(63)
     meta = job_file(out)
-    if meta.exists() and out.exists() and out.stat().st_size > 0:
-        seed = json.loads(meta.read_text()).get("seed")
-        if isinstance(seed, int):
-            return seed
-    return secrets.randbits(63)
+    seed = json.loads(meta.read_text()).get("seed") if meta.exists() else None
+    if not isinstance(seed, int):
+        raise InvalidValue(f"{out} holds samples but {meta} does not say their seed; pass the "
+                           "--seed they were made with, or write to a new output file")
+    return seed
 
 
 def _model_name(model: str) -> str:

@@ -192,6 +192,10 @@ def test_resuming_with_other_settings_is_refused(tiny_dir, tmp_path):
         run_batch(replace(cfg, seed=first.seed + 1))
     with pytest.raises(InvalidValue, match="max_new_tokens"):
         run_batch(replace(cfg, max_new_tokens=5))
+    (tmp_path / "out.jsonl.job.json").unlink()  # the record is gone: the seed is unknown
+    with pytest.raises(InvalidValue, match="does not say their seed"):
+        run_batch(cfg)
+    assert run_batch(replace(cfg, seed=first.seed)).already_done == 2
 
 
 def test_two_jobs_cannot_append_to_one_output(tmp_path):
