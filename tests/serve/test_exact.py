@@ -29,6 +29,7 @@ from exactspec.audit.samplers import sequence_ids
 from exactspec.audit.stats import bincount, chi_square
 from exactspec.audit.world import logits_table, model_world
 from exactspec.models.loading import Model
+from exactspec.serve import DrafterChoice, build_drafter
 from tests.audit.test_engine_lossless import FILTERED, PENALISED, PROMPT, K, N, V, tiny_llama
 from tests.engine.tiny import char_tokenizer, perturbed
 from tests.engine.tiny import tiny_llama as char_llama
@@ -150,10 +151,12 @@ def char_model():
     return Model(char_llama(3, eos=0), char_tokenizer(), "tiny-char")
 
 
-@pytest.mark.parametrize("drafter", ["plain", "prompt lookup", "draft model"])
+@pytest.mark.parametrize("drafter", ["plain", "prompt lookup", "draft model", "quantized 8"])
 def test_greedy_through_the_server_is_plain_greedy(char_model, drafter):
     make = {"plain": lambda: None, "prompt lookup": es.PromptLookup,
-            "draft model": lambda: es.DraftModel(perturbed(char_model.model, 0.3))}[drafter]
+            "draft model": lambda: es.DraftModel(perturbed(char_model.model, 0.3)),
+            "quantized 8": lambda: build_drafter(DrafterChoice(quantized_draft=8),
+                                                 char_model)[0]}[drafter]
     asks = [("abcabcabc", 30), ("hello hello", 17), ("zz", 30), ("the cat sat on the", 9),
             ("a", 25), ("abcabcabc", 17)]
     out: dict[int, object] = {}
