@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from exactspec.bench import Bench, BenchConfig, Workload
+from exactspec.bench import Bench, BenchConfig, EngineSpec, Workload
 from tests.cli.conftest import exactspec_process
 from tests.engine.tiny import tiny_model
 
@@ -54,10 +54,11 @@ def test_sigint_during_generate_exits_130_without_traceback(endless_dir) -> None
 def test_sigint_during_bench_writes_what_was_measured(endless_dir, tmp_path: Path) -> None:
     proc = exactspec_process("--progress", "bench", "--model", endless_dir, "--no-eagle",
                              "--device", "cpu", "--threads", "1", "--draft-layers", "1",
-                             "--out", str(tmp_path))
+                             "--engines", "exactspec plain,exactspec lookup K=4",
+                             "--workloads", "chat", "--out", str(tmp_path))
     out, err = _Reader(proc.stdout), _Reader(proc.stderr)
     # past the warm-up: a few measured runs (the bar's postfix names the mode of each job)
-    err.wait_for(lambda text: len(re.findall(r", (?:greedy|t1|t0\.7p0\.9) ", text)) >= 3, proc)
+    err.wait_for(lambda text: len(re.findall(r", (?:greedy|t1|t0\.7p0\.9) ", text)) >= 2, proc)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130
     stderr = err.text()
@@ -71,8 +72,11 @@ def test_sigint_during_bench_writes_what_was_measured(endless_dir, tmp_path: Pat
 def test_bench_run_keeps_the_runs_before_an_interrupt() -> None:
     model = tiny_model(0, layers=2, eos=0)
     work = [Workload("chat", "questions", False, 6, ["why is the sky blue?", "a b c"])]
-    cfg = BenchConfig(rounds=1, modes=["greedy"], sweep_ks=[], batch_rows=0, draft_layers=1)
-    bench = Bench(model, cfg, workloads=work, progress=False)
+    cfg = BenchConfig(rounds=1, modes=["greedy"], sweep_ks=[], batch_rows=0, draft_layers=1,
+                      prompts_per_workload=None)  # 2 prompts x 2 engines = 4 jobs
+    engines = [EngineSpec("exactspec plain", "exactspec", "none"),
+               EngineSpec("exactspec lookup K=4", "exactspec", "lookup", 4)]
+    bench = Bench(model, cfg, engines=engines, workloads=work, progress=False)
     calls, real = [], bench.runner.run
     warm_ups = len(bench.specs)
 
