@@ -72,7 +72,10 @@ def add(sub) -> None:
                    help="draft tokens per step, or 'auto' to adapt per row from measured "
                    "speed (still lossless, but a seed's text then depends on timings; "
                    f"default {K_DEFAULT}); needs a drafter")
-    p.add_argument("--verify", choices=["token", "block", "greedy"], default=None,
+    p.add_argument("--tree", type=_tree, default=None, metavar="B1,B2,..",
+                   help="draft a token tree, branching B1 at depth 1, B2 at depth 2, ... "
+                   "(--draft; --prompt-lookup takes B1 matches as branches, depth = the count)")
+    p.add_argument("--verify", choices=["token", "block", "traversal", "greedy"], default=None,
                    help=f"verification method (token and block are lossless; greedy is exact "
                    f"only with --temperature 0; default {VERIFY_DEFAULT}); needs a drafter")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT",
@@ -98,9 +101,23 @@ def check_combinations(args: argparse.Namespace) -> None:
     refuse_without(args, {"num_draft_tokens": "--num-draft-tokens", "verify": "--verify",
                           "compare_plain": "--compare-plain"}, has_drafter,
                    DRAFTER_FLAGS + "; without one, decoding is plain")
+    refuse_without(args, {"tree": "--tree"}, bool(args.draft or args.prompt_lookup),
+                   "--draft or --prompt-lookup")
     refuse_without(args, {"draft_backend": "--draft-backend", "draft_layers": "--draft-layers"},
                    bool(args.quantized_draft), "--quantized-draft")
     args.draft_layers = _layers(args.draft_layers)
+
+
+def _tree(text: str) -> tuple[int, ...]:
+    """'3,2,1' -> (3, 2, 1): branching per depth."""
+    try:
+        tree = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected branching factors like 3,2,1") \
+            from None
+    if not tree or min(tree) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every branching factor must be >= 1")
+    return tree
 
 
 def _layers(text: str | None) -> list[int] | None:
@@ -139,10 +156,13 @@ def run(args: argparse.Namespace) -> int:
     model = load(args.model, dtype=args.dtype)
     drafter, drafter_name = None, "plain"
     if args.draft:
-        drafter = DraftModel(load(args.draft, dtype=args.dtype))
-        drafter_name = f"draft {args.draft}"
+        drafter = DraftModel(load(args.draft, dtype=args.dtype), tree=args.tree)
+        drafter_name = f"draft {args.draft}" + (f", tree {args.tree}" if args.tree else "")
     elif args.prompt_lookup:
         drafter, drafter_name = PromptLookup(), "prompt lookup"
+        if args.tree:
+            drafter = PromptLookup(branches=args.tree[0], depth=len(args.tree))
+            drafter_name = f"prompt lookup, {args.tree[0]} branches"
     elif args.eagle:
         drafter, drafter_name = load_drafter(args.eagle, target=model), f"eagle {args.eagle}"
     elif args.quantized_draft:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from exactspec.drafters.base import DraftContext, TargetInfo
+from exactspec.drafters.tree_draft import lookup_tree
+from exactspec.sampling import DraftTree
 
 
 class PromptLookup:
@@ -13,12 +15,15 @@ class PromptLookup:
     For each row, the last n tokens (n from `max_ngram` down to `min_ngram`, longest first)
     are searched for earlier in the row; the tokens that followed the latest earlier match are
     proposed, up to the requested number. q is a point mass, so `propose` returns None for
-    draft_probs and the verifier accepts x with probability p(x).
+    draft_probs and the verifier accepts x with probability p(x). `branches=M` (M > 1) proposes
+    a token tree instead: the continuations of the M latest distinct matches as branches (a
+    shared prefix is one node), each up to `depth` tokens.
     """
 
     hidden_layers = None  # needs no target features
 
-    def __init__(self, min_ngram: int = 1, max_ngram: int = 3) -> None:
+    def __init__(self, min_ngram: int = 1, max_ngram: int = 3, *, branches: int = 1,
+                 depth: int = 4) -> None:
         for name, v in (("min_ngram", min_ngram), ("max_ngram", max_ngram)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} must be an int >= 1")
@@ -26,12 +31,24 @@ class PromptLookup:
             raise ValueError(f"min_ngram={min_ngram} must be <= max_ngram={max_ngram}")
         self.min_ngram = min_ngram  # shortest suffix searched for
         self.max_ngram = max_ngram  # longest suffix searched for (tried first)
+        for name, v in (("branches", branches), ("depth", depth)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} must be an int >= 1")
+        self.branches = branches  # matches proposed as branches of a tree (1: a chain)
+        self.depth = depth  # tokens per branch in tree mode
+        # the tree's widest shape, or None: chains (the engine runs tree steps when set)
+        self.tree = (branches,) + (1,) * (depth - 1) if branches > 1 else None
 
     def __repr__(self) -> str:
         return f"PromptLookup(min_ngram={self.min_ngram}, max_ngram={self.max_ngram})"
 
     def begin(self, context: DraftContext, target: TargetInfo) -> None:
         pass
+
+    def propose_tree(self, context: DraftContext, max_depth: torch.Tensor) -> DraftTree:
+        """Several earlier matches as branches (exactspec/drafters/tree_draft.py)."""
+        return lookup_tree(context, self.min_ngram, self.max_ngram, self.branches, self.depth,
+                           max_depth)
 
     def select(self, rows: torch.Tensor) -> None:
         pass

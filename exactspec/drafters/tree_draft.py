@@ -135,3 +135,51 @@ def _level_forward(ad, tokens: torch.Tensor, nodes: torch.Tensor, start: torch.T
                      anc[nodes][None].expand(bsz, -1, -1))
     logits = extend_at(ad, feed, positions, slots, visible)  # [B, M, V]
     return {int(i): logits[:, m] for m, i in enumerate(nodes.tolist())}
+
+
+def lookup_tree(context: DraftContext, min_ngram: int, max_ngram: int, branches: int,
+                depth: int, max_depth: torch.Tensor) -> DraftTree:
+    """Prompt lookup's tree: the continuations of up to `branches` earlier matches of the
+    context's last n-gram (longest n first, latest match first), merged into a trie of point
+    masses (a shared prefix is one node), each cut at `depth` and at max_depth [B]."""
+    tokens, lengths = context.tokens.cpu(), context.lengths.cpu()
+    bsz = tokens.shape[0]
+    n_slots = branches * depth
+    out_tok = torch.full((bsz, n_slots), -1, dtype=torch.long)
+    out_par = torch.full((bsz, n_slots), -1, dtype=torch.long)
+    for b in range(bsz):
+        row = tokens[b, : int(lengths[b])].tolist()
+        cap = min(depth, int(max_depth[b]))
+        trie: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+        for cont in _continuations(row, min_ngram, max_ngram, branches, cap):
+            node = -1
+            for tok in cont:
+                key = (node, tok)
+                if key not in trie:
+                    trie[key] = len(trie)
+                    out_tok[b, trie[key]], out_par[b, trie[key]] = tok, node
+                node = trie[key]
+    dev = context.tokens.device
+    return DraftTree(out_tok.to(dev), out_par.to(dev), None, "deterministic")
+
+
+def _continuations(row: list[int], min_ngram: int, max_ngram: int, count: int,
+                   depth: int) -> list[list[int]]:
+    """Up to `count` distinct continuations (<= depth tokens) of earlier matches of row's
+    suffix: longest n-gram first, then the latest match first."""
+    found: list[list[int]] = []
+    if depth <= 0:
+        return found
+    t = len(row)
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if t < n + 1:
+            continue
+        suffix = row[t - n:]
+        for start in range(t - n - 1, -1, -1):  # an earlier occurrence, followed by a token
+            if row[start:start + n] == suffix:
+                cont = row[start + n: start + n + depth]
+                if cont and cont not in found:
+                    found.append(cont)
+                    if len(found) == count:
+                        return found
+    return found

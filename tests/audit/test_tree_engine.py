@@ -17,7 +17,7 @@ from exactspec.audit.samplers import sequence_ids
 from exactspec.audit.stats import bincount, chi_square
 from exactspec.audit.trees import TreeScheme
 from exactspec.audit.world import logits_table, model_world
-from exactspec.drafters import DraftModel
+from exactspec.drafters import DraftModel, PromptLookup
 from exactspec.engine import generate
 from exactspec.sampling import DraftTree, branching_parents
 from tests.audit.test_engine_lossless import FILTERED, PENALISED, PROMPT, N, V, tiny_llama
@@ -55,10 +55,12 @@ def _counts(models, drafter, params, verify, seed):
     pytest.param("without_replacement", FILTERED, "token", id="wor-filtered-token"),
     pytest.param("without_replacement", PENALISED, "traversal", id="wor-penalised-traversal"),
     pytest.param("iid", PENALISED, "token", id="iid-penalised-token"),
-    pytest.param("iid", FILTERED, "traversal", id="iid-filtered-traversal"),
+    pytest.param("lookup", FILTERED, "token", id="lookup-filtered-token"),
+    pytest.param("lookup", PENALISED, "traversal", id="lookup-penalised-traversal"),
 ])
 def test_tree_generate_matches_the_target(models, siblings, params, verify):
-    drafter = DraftModel(models[1], tree=TREE, siblings=siblings)
+    drafter = (PromptLookup(1, 2, branches=2, depth=DEPTH) if siblings == "lookup"
+               else DraftModel(models[1], tree=TREE, siblings=siblings))
     counts, accepted = _counts(models, drafter, params, verify, seed=5)
     assert accepted > ROWS // 10  # trees were really used, not only bonus tokens
     result = chi_square(counts, target_law(_world(models, params), N))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from exactspec import SamplingParams
-from exactspec.drafters import DraftModel
+from exactspec.drafters import DraftModel, PromptLookup
 from exactspec.engine import generate
 from exactspec.errors import InvalidValue
 from tests.engine.tiny import contrarian, perturbed, tiny_llama
@@ -41,6 +42,32 @@ def test_greedy_tree_equals_plain(target, plain, tree, verify, name):
         assert accepted == 0
     if name == "perturbed":
         assert 0 < accepted < steps * len(tree)
+
+
+@pytest.mark.parametrize("verify", ["token", "traversal", "greedy"])
+def test_prompt_lookup_branches_equal_plain(target, plain, verify):
+    out = generate(target, PROMPTS, drafter=PromptLookup(1, 2, branches=3, depth=3),
+                   params=GREEDY, max_new_tokens=40, verify=verify)
+    assert [g.token_ids for g in out] == plain
+    assert sum(g.stats.accepted for g in out) > 0
+
+
+def test_prompt_lookup_tree_is_a_trie_of_the_latest_matches():
+    from exactspec.drafters.base import DraftContext
+    from exactspec.drafters.tree_draft import lookup_tree
+    from exactspec.sampling import RowStreams
+
+    row = [1, 2, 3, 1, 2, 4, 1, 2, 3, 9, 1, 2]  # "1 2" was followed by 3 9 / 3 1 / 4 1
+    tokens = torch.tensor([row])
+    ctx = DraftContext(tokens, torch.tensor([len(row)]), torch.tensor([0]), GREEDY,
+                       RowStreams(torch.zeros(1, dtype=torch.long)))
+    tree = lookup_tree(ctx, 1, 2, 3, 2, torch.tensor([5]))
+    # latest first: (3, 9), (4, 1), (3, 1): the two starting with 3 share one node
+    assert tree.tokens[0, :5].tolist() == [3, 9, 4, 1, 1]
+    assert tree.parents[0, :5].tolist() == [-1, 0, -1, 2, 0]
+    assert (tree.tokens[0, 5:] == -1).all()
+    capped = lookup_tree(ctx, 1, 2, 3, 2, torch.tensor([1]))  # the row's budget: depth 1
+    assert capped.tokens[0, :2].tolist() == [3, 4] and (capped.tokens[0, 2:] == -1).all()
 
 
 def test_tree_beats_its_chain_on_a_weak_greedy_draft(target):
