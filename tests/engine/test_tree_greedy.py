@@ -86,3 +86,13 @@ def test_chain_only_methods_are_refused_with_a_tree(target):
                  verify="block", max_new_tokens=4)
     with pytest.raises(InvalidValue, match="branching"):
         DraftModel(target, tree=(2, 0))
+
+
+def test_traversal_on_a_chain_drafter_is_block_verification(target):
+    """verify='traversal' with a chain drafter runs block verification: same seeded text."""
+    params = SamplingParams(temperature=1.0, seed=3)
+    draft = DraftModel(perturbed(target, 0.3))
+    a = generate(target, PROMPTS, drafter=draft, params=params, max_new_tokens=12, verify="block")
+    b = generate(target, PROMPTS, drafter=draft, params=params, max_new_tokens=12,
+                 verify="traversal")
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
