@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 from exactspec.cli.common import at_least
 
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from exactspec.bench import Bench, BenchConfig, format_report, truncated_draft, write_plots
     from exactspec.cli.common import UsageError
     from exactspec.models import load
+    from exactspec.models.loading import progress_off
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -92,7 +94,10 @@ def run(args: argparse.Namespace) -> int:
         except Exception as exc:  # the head ships separately; any failure just skips it
             logging.getLogger(__name__).warning("EAGLE head unavailable: %s", exc)
             note += f"; EAGLE head unavailable ({type(exc).__name__})"
-    result = Bench(model, cfg, draft=draft, draft_note=note, eagle_factory=eagle).run()
+    off = progress_off()  # the bar only on a terminal, unless --progress
+    progress = not off if off is not None else sys.stderr.isatty()
+    result = Bench(model, cfg, draft=draft, draft_note=note, eagle_factory=eagle,
+                   progress=progress).run()
     interrupted = bool(result.get("interrupted"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
