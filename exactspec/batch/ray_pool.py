@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import replace
@@ -25,6 +26,7 @@ from exactspec.errors import InvalidValue
 log = logging.getLogger(__name__)
 
 
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*: ")  # "exactspec.errors.MissingFile: ..."
 LOCAL_START_ATTEMPTS = 3  # a loaded machine can make a local Ray node miss its start-up window
 
 
@@ -96,7 +98,19 @@ class RayPool:
         self.redone = 0  # shards sent again after their actor died
         self.actors = [self._spawn() for _ in range(workers)]
         # Wait until every actor has loaded its model, so a broken spec fails here, once.
-        self.pids = self._ray.get([a.pid.remote() for a in self.actors])
+        try:
+            self.pids = self._ray.get([a.pid.remote() for a in self.actors])
+        except ray.exceptions.RayActorError as exc:
+            self.close()
+            # Ray passes the actor's exception as text only: its last "module.Type: ..." line
+            lines = [line.strip() for line in str(exc).splitlines()]
+            cause = next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)),
+                         lines[-1] if lines else "")
+            message = (f"the Ray workers could not build the engine for model "
+                       f"{spec.model!r}: {cause}")
+            if cause.startswith("exactspec.errors."):  # a user mistake, e.g. a missing file
+                raise InvalidValue(message) from None
+            raise RuntimeError(message) from exc
 
     def _spawn(self):
         return self._actor_class.remote(self.spec)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from exactspec.batch import run_batch
+from exactspec.errors import InvalidValue
 from tests.batch.helpers import config, prompts, read_output, write_rows
 
 ray = pytest.importorskip("ray")
@@ -71,3 +72,11 @@ def test_a_ray_run_writes_the_local_samples_even_when_an_actor_is_killed(
     res = run_batch(cfg, on_records=kill_one)
     assert killed and res.redone_shards >= 1 and res.written == 32
     assert read_output(tmp_path / "ray.jsonl") == local  # nothing lost, nothing twice
+
+
+def test_workers_that_cannot_load_the_model_are_a_user_error(cluster, tmp_path):
+    inp = write_rows(tmp_path / "in.jsonl", prompts(1))
+    cfg = config(tmp_path / "no-such-model", inp, tmp_path / "out.jsonl", ray=True, workers=1)
+    with pytest.raises(InvalidValue, match=r"could not build the engine .* no such file"):
+        run_batch(cfg)
+    assert not (tmp_path / "out.jsonl").exists()
