@@ -151,16 +151,19 @@ def char_model():
     return Model(char_llama(3, eos=0), char_tokenizer(), "tiny-char")
 
 
-@pytest.mark.parametrize("drafter", ["plain", "prompt lookup", "draft model", "quantized 8"])
+@pytest.mark.parametrize("drafter", ["plain", "prompt lookup", "lookup auto", "draft model",
+                                     "quantized 8"])
 def test_greedy_through_the_server_is_plain_greedy(char_model, drafter):
+    k = "auto" if drafter == "lookup auto" else 4
     make = {"plain": lambda: None, "prompt lookup": es.PromptLookup,
+            "lookup auto": es.PromptLookup,
             "draft model": lambda: es.DraftModel(perturbed(char_model.model, 0.3)),
             "quantized 8": lambda: build_drafter(DrafterChoice(quantized_draft=8),
                                                  char_model)[0]}[drafter]
     asks = [("abcabcabc", 30), ("hello hello", 17), ("zz", 30), ("the cat sat on the", 9),
             ("a", 25), ("abcabcabc", 17)]
     out: dict[int, object] = {}
-    with start(char_model, make(), engine={"max_batch": 8}) as srv:
+    with start(char_model, make(), engine={"max_batch": 8, "num_draft_tokens": k}) as srv:
         c = client(srv)
 
         def ask(i, prompt, m):
