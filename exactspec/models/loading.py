@@ -27,6 +27,7 @@ from typing import Any
 from unittest import mock
 
 import torch
+from safetensors import SafetensorError
 from tqdm.auto import tqdm
 from transformers import (
     AutoModelForCausalLM,
@@ -311,7 +312,7 @@ def _load_directory(
         with quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype,
                                                          attn_implementation=attn)
-    except (OSError, ValueError, KeyError) as exc:  # a damaged or foreign directory of the user's
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:  # damaged, or not a causal LM
         raise InvalidValue(f"{directory} cannot be loaded as a transformers causal LM: "
                            f"{type(exc).__name__}: {exc}") from exc
     model.to(torch.device(device) if device is not None else torch.device("cpu"))

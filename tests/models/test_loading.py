@@ -503,3 +503,16 @@ def test_concurrent_conversions_convert_once(tmp_path: Path) -> None:
     assert len((tmp_path / "conversions.log").read_text().split()) == 1
     assert registry.check_cache(tmp_path / "fake", {"fake": 1}) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == [".fake.lock", "conversions.log", "fake"]
+
+
+@pytest.mark.parametrize(("name", "how"), [("model.safetensors", "truncated"),
+                                           ("config.json", "truncated"),
+                                           ("model.safetensors", "deleted")])
+def test_a_damaged_directory_of_the_users_is_one_clear_error(
+    tmp_path: Path, name: str, how: str
+) -> None:
+    tiny_llama(seed=8).save_pretrained(tmp_path)
+    _damage(tmp_path / name, how)
+    with pytest.raises(InvalidValue, match="cannot be loaded as a transformers causal LM") as err:
+        load(tmp_path)
+    assert str(tmp_path) in str(err.value)
