@@ -52,7 +52,12 @@ class EagleDrafter:
 
     hidden_layers: tuple[int, ...] = (-1,)  # target features wanted (overridden per instance)
 
-    def __init__(self, head: EagleHead, target=None, *, name: str = "eagle") -> None:
+    def __init__(self, head: EagleHead, target=None, *, name: str = "eagle", tree=None,
+                 siblings: str = "without_replacement") -> None:
+        from exactspec.drafters.tree_draft import check_tree
+
+        # branching per depth (None: chains; exactspec/drafters/tree_draft.py) and siblings
+        self.tree, self.siblings = check_tree(tree, siblings)
         self.head = head.eval()  # the trained layer; frozen parts attached from the target
         self.hidden_layers = tuple(head.config.hidden_layers)
         self.name = name  # embedded name or path, for logs
@@ -114,6 +119,12 @@ class EagleDrafter:
         self._seen = self._seen[rows]
         self._k, self._v = self._k[rows], self._v[rows]
         self._o_last = self._o_last[rows]
+
+    def propose_tree(self, context: DraftContext, max_depth: torch.Tensor):
+        """The head drafting the tree of `self.tree` (exactspec/drafters/tree_draft.py)."""
+        from exactspec.drafters.tree_draft import eagle_tree
+
+        return eagle_tree(self, context, max_depth)
 
     @torch.inference_mode()
     def propose(

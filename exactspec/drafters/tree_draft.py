@@ -75,24 +75,42 @@ def draft_model_tree(drafter, context: DraftContext, max_depth: torch.Tensor) ->
     dev = ad.device
     feed, last = drafter._catch_up(context)  # [B, W], [B]
     drafter._record(feed, ad.lengths)
-    bsz = feed.shape[0]
-    rows = torch.arange(bsz, device=dev)
+    rows = torch.arange(feed.shape[0], device=dev)
     root_logits = ad.extend(feed)[rows, last]  # [B, V]
     ad.commit(last + 1)  # the root (the context's last token) is now cached
     start = ad.lengths.clone()  # [B] node i lives at slot start + i, position start - 1 + depth
-    parents = branching_parents(drafter.tree)
-    n, vocab = len(parents), root_logits.shape[-1]
+
+    def expand(tokens, nodes, depth, anc):
+        return _level_forward(ad, tokens, nodes, start, depth, anc)
+
+    tree = grow_tree(context, drafter.tree, drafter.siblings, max_depth, root_logits, expand)
+    # tree slots hold no chain: the next propose must not keep them as an agreeing prefix
+    pos = torch.arange(drafter._fed.shape[1], device=dev)[None, :]
+    drafter._fed = torch.where(pos < start[:, None], drafter._fed, -1)
+    return tree
+
+
+def grow_tree(context: DraftContext, branching: tuple[int, ...], siblings: str,
+              max_depth: torch.Tensor, root_logits: torch.Tensor, expand) -> DraftTree:
+    """Grow the full tree of `branching` depth by depth from the draft's logits at the root
+    ([B, V]); expand(tokens [B, N], nodes [M], depth, ancestors [N, N]) -> {node: logits [B, V]}
+    runs the draft after the given nodes (all at `depth`). Node i is drawn with the row's
+    stream, domain DOMAIN_DRAFT + i; nodes deeper than max_depth [B] stay unused."""
+    dev = root_logits.device
+    bsz, vocab = root_logits.shape
+    parents = branching_parents(branching)
+    n = len(parents)
     par = torch.tensor(parents, dtype=torch.long, device=dev)
     shape = tree_shape(torch.zeros(1, n, dtype=torch.long, device=dev), par[None])
     depth, anc = shape.depth[0], shape.ancestors[0]  # [N], [N, N]
     greedy = torch.tensor([p.is_greedy for p in context.rows_params()], device=dev)
-    kind = "deterministic" if bool(greedy.all()) else drafter.siblings
+    kind = "deterministic" if bool(greedy.all()) else siblings
     tokens = torch.full((bsz, n), -1, dtype=torch.long, device=dev)
     q_nodes = torch.zeros(bsz, n, vocab, dtype=torch.float32, device=dev)
     u = torch.cat([uniforms(context.streams, bsz, 1, DOMAIN_DRAFT + i, dev) for i in range(n)], 1)
-    paths = torch.full((bsz, n, len(drafter.tree)), -1, dtype=torch.long, device=dev)
+    paths = torch.full((bsz, n, len(branching)), -1, dtype=torch.long, device=dev)
     level_logits = {-1: root_logits}  # node (or -1, the root) -> its logits [B, V]
-    for d in range(len(drafter.tree)):
+    for d in range(len(branching)):
         for u_node in [-1] if d == 0 else (depth == d).nonzero()[:, 0].tolist():
             kids = (par == u_node).nonzero()[:, 0]
             if not kids.numel():
@@ -108,13 +126,58 @@ def draft_model_tree(drafter, context: DraftContext, max_depth: torch.Tensor) ->
             paths[:, kids] = base[:, None]
             paths[:, kids, d] = tokens[:, kids]
         nxt = (depth == d + 1).nonzero()[:, 0]
-        if d + 1 < len(drafter.tree) and nxt.numel():
-            level_logits.update(_level_forward(ad, tokens, nxt, start, d + 1, anc))
-    # tree slots hold no chain: the next propose must not keep them as an agreeing prefix
-    pos = torch.arange(drafter._fed.shape[1], device=dev)[None, :]
-    drafter._fed = torch.where(pos < start[:, None], drafter._fed, -1)
+        if d + 1 < len(branching) and nxt.numel():
+            level_logits.update(expand(tokens, nxt, d + 1, anc))
     q = None if kind == "deterministic" else q_nodes
     return DraftTree(tokens, par.expand(bsz, n).clone(), q, kind)
+
+
+@torch.inference_mode()
+def eagle_tree(drafter, context: DraftContext, max_depth: torch.Tensor) -> DraftTree:
+    """An EAGLE head's tree: the head's output at the last real position is the root; each
+    depth's nodes run the head once (attending to the real cache and their own path's keys,
+    as the chain does along its drafts)."""
+    from exactspec.drafters.eagle import full_logits
+    from exactspec.drafters.eagle_head import attend
+
+    head = drafter.head
+    hidden = context.hidden
+    if hidden is None:
+        raise ValueError("EagleDrafter needs the target's hidden states in DraftContext.hidden")
+    dev = drafter._committed.device
+    tok, lengths = context.tokens.to(dev), context.lengths.to(dev)
+    real = drafter._catch_up(hidden.to(dev), tok, lengths)  # [B]
+    s = real - 1  # last real position (-1: a one-token row, nothing to draft)
+    slots = torch.arange(drafter._k.shape[2], device=dev)
+    seen = slots[None, :] < real[:, None]  # [B, S]
+    n = len(branching_parents(drafter.tree))
+    g_node: dict[int, torch.Tensor] = {}  # node -> head output after it [B, H]
+    keys: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # node -> (k, v) [B, h, d]
+    par = branching_parents(drafter.tree)
+
+    def expand(tokens, nodes, depth, anc):
+        m = nodes.numel()
+        g_par = torch.stack([drafter._o_last if par[i] < 0 else g_node[par[i]]
+                             for i in nodes.tolist()], 1)  # [B, M, H]
+        pos = (s + depth)[:, None].expand(-1, m)
+        x, qh, kh, vh = head.qkv(g_par, tokens[:, nodes].clamp(min=0), pos)  # [B, h, M, d]
+        for j, i in enumerate(nodes.tolist()):
+            keys[i] = (kh[:, :, j], vh[:, :, j])
+        chains = [[a for a in range(n) if anc[i, a]] for i in nodes.tolist()]  # depth order
+        k_extra = torch.stack([torch.stack([keys[a][0] for a in c], 2) for c in chains], 2)
+        v_extra = torch.stack([torch.stack([keys[a][1] for a in c], 2) for c in chains], 2)
+        a = attend(qh, drafter._k, drafter._v, seen[:, None, :].expand(-1, m, -1),
+                   k_extra, v_extra)  # [B, h, M, d]
+        o = head.finish(x, a)  # [B, M, H]
+        out = {}
+        for j, i in enumerate(nodes.tolist()):
+            g_node[i] = o[:, j]
+            out[i] = full_logits(head, head.logits(o[:, j]))
+        return out
+
+    root = full_logits(head, head.logits(drafter._o_last))  # [B, V]
+    cap = torch.where(s >= 0, max_depth, 0)
+    return grow_tree(context, drafter.tree, drafter.siblings, cap, root, expand)
 
 
 def _level_forward(ad, tokens: torch.Tensor, nodes: torch.Tensor, start: torch.Tensor,

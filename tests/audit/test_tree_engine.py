@@ -20,7 +20,7 @@ from exactspec.audit.world import logits_table, model_world
 from exactspec.drafters import DraftModel, PromptLookup
 from exactspec.engine import generate
 from exactspec.sampling import DraftTree, branching_parents
-from tests.audit.test_engine_lossless import FILTERED, PENALISED, PROMPT, N, V, tiny_llama
+from tests.audit.test_engine_lossless import FILTERED, PENALISED, PROMPT, N, V, eagle, tiny_llama
 
 TREE = (2, 2)
 DEPTH = len(TREE)
@@ -57,10 +57,17 @@ def _counts(models, drafter, params, verify, seed):
     pytest.param("iid", PENALISED, "token", id="iid-penalised-token"),
     pytest.param("lookup", FILTERED, "token", id="lookup-filtered-token"),
     pytest.param("lookup", PENALISED, "traversal", id="lookup-penalised-traversal"),
+    pytest.param("eagle", FILTERED, "traversal", id="eagle-filtered-traversal"),
+    pytest.param("eagle", PENALISED, "token", id="eagle-penalised-token"),
 ])
 def test_tree_generate_matches_the_target(models, siblings, params, verify):
-    drafter = (PromptLookup(1, 2, branches=2, depth=DEPTH) if siblings == "lookup"
-               else DraftModel(models[1], tree=TREE, siblings=siblings))
+    if siblings == "lookup":
+        drafter = PromptLookup(1, 2, branches=2, depth=DEPTH)
+    elif siblings == "eagle":
+        drafter = eagle(models[0])
+        drafter.tree = TREE  # the head drafting a (2, 2) tree, siblings without replacement
+    else:
+        drafter = DraftModel(models[1], tree=TREE, siblings=siblings)
     counts, accepted = _counts(models, drafter, params, verify, seed=5)
     assert accepted > ROWS // 10  # trees were really used, not only bonus tokens
     result = chi_square(counts, target_law(_world(models, params), N))

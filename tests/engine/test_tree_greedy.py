@@ -96,3 +96,19 @@ def test_traversal_on_a_chain_drafter_is_block_verification(target):
     b = generate(target, PROMPTS, drafter=draft, params=params, max_new_tokens=12,
                  verify="traversal")
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
+
+
+def test_eagle_tree_equals_plain_and_beats_its_chain():
+    from tests.audit.test_engine_lossless import eagle
+    from tests.audit.test_engine_lossless import tiny_llama as tiny8
+
+    target = tiny8(0)
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 7], [3]]
+    plain = [g.token_ids for g in generate(target, prompts, params=GREEDY, max_new_tokens=20)]
+    chain = generate(target, prompts, drafter=eagle(target), params=GREEDY, max_new_tokens=20,
+                     num_draft_tokens=2)
+    drafter = eagle(target)
+    drafter.tree = (2, 2)
+    tree = generate(target, prompts, drafter=drafter, params=GREEDY, max_new_tokens=20)
+    assert [g.token_ids for g in tree] == plain == [g.token_ids for g in chain]
+    assert sum(g.stats.accepted for g in tree) > sum(g.stats.accepted for g in chain)
