@@ -52,7 +52,15 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from exactspec.bench import Bench, BenchConfig, format_report, truncated_draft, write_plots
+    from exactspec.bench import (
+        MODES,
+        Bench,
+        BenchConfig,
+        format_report,
+        load_workloads,
+        truncated_draft,
+        write_plots,
+    )
     from exactspec.cli.common import UsageError
     from exactspec.models import load
     from exactspec.models.loading import progress_off
@@ -67,6 +75,11 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("engines", "modes", "workloads"):
         if getattr(args, flag) is not None:
             setattr(cfg, flag, [x.strip() for x in getattr(args, flag).split(",") if x.strip()])
+    known = {"modes": list(MODES), "workloads": [w.name for w in load_workloads()]}
+    for flag, names in known.items():  # checked before the model loads, each in one line
+        bad = [x for x in getattr(cfg, flag) or [] if x not in names] if getattr(args, flag) else []
+        if bad:
+            raise UsageError(f"--{flag}: unknown {', '.join(bad)}; choose from {', '.join(names)}")
     if args.max_new_tokens is not None:
         cfg.max_new_tokens = args.max_new_tokens
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

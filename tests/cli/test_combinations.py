@@ -141,3 +141,10 @@ def test_other_subcommands_refuse_flags_they_would_ignore(argv, named, needs, ca
     assert main(argv) == 2  # refused before reading any input or loading any model
     line = _one_error_line(capsys)
     assert f"{named} only applies with {needs}" in line, line
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--modes", "greedy,t2"), ("--workloads", "chitchat")])
+def test_bench_unknown_modes_or_workloads_are_refused_before_loading(flag, value, capsys) -> None:
+    assert main(["bench", flag, value, "--model", "./not/loaded/because/refused/first"]) == 2
+    line = _one_error_line(capsys)
+    assert f"{flag}: unknown " in line and "choose from" in line, line
