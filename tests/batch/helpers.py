@@ -5,7 +5,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from exactspec.batch import BatchConfig, EngineSpec
+from exactspec.sampling import SamplingParams
+from tests.engine.tiny import tiny_llama
+
+V = 8  # vocabulary of the statistical tests' models (sequences of 3 tokens: 512 outcomes)
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # repeats, so prompt lookup finds something to copy
+PARAMS = SamplingParams(temperature=0.8, top_k=6, top_p=0.9)
+
+
+def policy(seed: int):
+    """A tiny Llama over V tokens with a spread of probabilities (no EOS: every row runs to
+    its budget)."""
+    model = tiny_llama(seed, vocab=V, eos=None, max_pos=64)
+    with torch.no_grad():
+        model.lm_head.weight.div_(4.0)  # tiny_llama sharpens by 20; 5 as in the audit's tests
+    return model
 
 
 def write_rows(path: Path, rows: list[dict]) -> Path:

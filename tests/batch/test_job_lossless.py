@@ -25,8 +25,7 @@ from exactspec.batch import run_batch
 from exactspec.drafters import PromptLookup
 from exactspec.engine.session import Engine
 from exactspec.models import Model
-from tests.batch.helpers import config, write_rows
-from tests.batch.test_session import PARAMS, PROMPT, V, policy
+from tests.batch.helpers import PARAMS, PROMPT, V, config, policy, write_rows
 
 N, K = 3, 2  # tokens compared (512 outcomes), drafts per step
 ROWS = 2000  # samples of the one row

@@ -9,12 +9,11 @@ import signal
 from pathlib import Path
 
 import pytest
+import ray
 
 from exactspec.batch import run_batch
 from exactspec.errors import InvalidValue
 from tests.batch.helpers import config, prompts, read_output, write_rows
-
-ray = pytest.importorskip("ray")
 
 SEED = 3
 

@@ -22,22 +22,11 @@ from exactspec.drafters import DraftModel, QuantizedDraft
 from exactspec.engine.session import Engine
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.sampling import SamplingParams, probs_from_logits
-from tests.engine.tiny import perturbed, tiny_llama
+from tests.batch.helpers import PARAMS, PROMPT, V, policy
+from tests.engine.tiny import perturbed
 
-V, N, K = 8, 3, 2  # vocabulary, tokens compared (512 outcomes), drafts per step
+N, K = 3, 2  # tokens compared (512 outcomes), drafts per step
 ROWS = 2000  # samples per law: enough to see even 5% of old-law samples (power asserted)
-PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
-PARAMS = SamplingParams(temperature=0.8, top_k=6, top_p=0.9)
-
-
-def policy(seed: int):
-    """A tiny Llama over V tokens with a spread of probabilities (no EOS: every row makes N)."""
-    model = tiny_llama(seed, vocab=V, eos=None, max_pos=64)
-    with torch.no_grad():
-        model.lm_head.weight.div_(4.0)  # tiny_llama sharpens by 20; 5 as in the audit's tests
-    return model
-
-
 @pytest.fixture(scope="module")
 def laws():
     """Exact laws [V**N] of the first N tokens under the old (seed 0) and new (seed 1) weights."""
