@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from exactspec.bench.engines import MODES, Engines, EngineSpec, Run, add_counts, default_engines
 from exactspec.bench.figures import analytic_bound, bandwidth_summary, fit_alpha, machine_info
+from exactspec.errors import InvalidValue
 from exactspec.models.loading import Model
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class Bench:
         self.specs = [s for s in specs if self.runner.available(s)
                       and (cfg.engines is None or any(e in s.name for e in cfg.engines))]
         if not self.specs:
-            raise ValueError(f"no engine matches {cfg.engines}; names are "
+            raise InvalidValue(f"no engine matches {cfg.engines}; names are "
                              f"{[s.name for s in specs]}")
         self.draft_note = draft_note
         self.progress = progress
@@ -107,12 +108,12 @@ class Bench:
         if cfg.workloads is not None:
             unknown = set(cfg.workloads) - {w.name for w in wl}
             if unknown:
-                raise ValueError(f"unknown workloads {sorted(unknown)}; have {[w.name for w in wl]}")
+                raise InvalidValue(f"unknown workloads {sorted(unknown)}; have {[w.name for w in wl]}")
             wl = [w for w in wl if w.name in cfg.workloads]
         self.workloads = wl
         bad = [m for m in cfg.modes if m not in MODES]
         if bad:
-            raise ValueError(f"unknown modes {bad}; have {list(MODES)}")
+            raise InvalidValue(f"unknown modes {bad}; have {list(MODES)}")
         self._ids: dict[str, list[int]] = {}
 
     def _encode(self, prompt: str) -> list[int]:

@@ -6,6 +6,7 @@ import torch
 
 from exactspec.drafters.base import DraftContext, TargetInfo
 from exactspec.drafters.tree_draft import lookup_tree
+from exactspec.errors import InvalidValue
 from exactspec.sampling import DraftTree
 
 
@@ -26,14 +27,14 @@ class PromptLookup:
                  depth: int = 4) -> None:
         for name, v in (("min_ngram", min_ngram), ("max_ngram", max_ngram)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}={v!r} must be an int >= 1")
+                raise InvalidValue(f"{name}={v!r} must be an int >= 1")
         if min_ngram > max_ngram:
-            raise ValueError(f"min_ngram={min_ngram} must be <= max_ngram={max_ngram}")
+            raise InvalidValue(f"min_ngram={min_ngram} must be <= max_ngram={max_ngram}")
         self.min_ngram = min_ngram  # shortest suffix searched for
         self.max_ngram = max_ngram  # longest suffix searched for (tried first)
         for name, v in (("branches", branches), ("depth", depth)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}={v!r} must be an int >= 1")
+                raise InvalidValue(f"{name}={v!r} must be an int >= 1")
         self.branches = branches  # matches proposed as branches of a tree (1: a chain)
         self.depth = depth  # tokens per branch in tree mode
         # the tree's widest shape, or None: chains (the engine runs tree steps when set)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from exactspec.errors import InvalidValue
 from exactspec.models.cache import SlotCache
 from exactspec.models.lean import LeanLlama, lean_forward_for
 
@@ -54,7 +55,7 @@ class TargetAdapter:
         self.model = unwrap_model(model)
         impl = getattr(self.model.config, "_attn_implementation", "eager")
         if impl not in _SUPPORTED_ATTENTION:
-            raise ValueError(
+            raise InvalidValue(
                 f"attention implementation {impl!r} is not supported; load the model with "
                 f"attn_implementation='sdpa' or 'eager'"
             )
@@ -68,7 +69,7 @@ class TargetAdapter:
         self._sliding_window = getattr(text_config, "sliding_window", None)
         self._mask_by_layer_type = any(t != "full_attention" for t in layer_types)
         if self._mask_by_layer_type and set(layer_types) - {"full_attention", "sliding_attention"}:
-            raise ValueError(f"unsupported layer types {sorted(set(layer_types))}")
+            raise InvalidValue(f"unsupported layer types {sorted(set(layer_types))}")
         self.pad_token_id = pad_token_id  # filler for ragged inputs; never attended to
         # the lean forward (Llama architectures) unless turned off; transformers' otherwise
         self.lean = forward if forward is not None else (
@@ -153,7 +154,7 @@ class TargetAdapter:
         positions = start[:, None] + torch.arange(t, device=self.device)  # [B, T]
         view_len = int(start.max()) + t if b else t
         if view_len > self.max_context:
-            raise ValueError(
+            raise InvalidValue(
                 f"sequence of {view_len} tokens exceeds the model's context of {self.max_context}"
             )
         lo, hi = int(start.min()), int(start.max())

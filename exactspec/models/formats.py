@@ -38,6 +38,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from exactspec.errors import InvalidValue
+
 log = logging.getLogger(__name__)
 
 FORMATS = ("float32", "bfloat16", "int8", "int4")
@@ -139,7 +141,7 @@ def make_matrix(weight: torch.Tensor, fmt: str, *, group_size: int = 32) -> Matr
     """`weight` ([out, in], float32) stored as `fmt`; float32 keeps the tensor itself (no copy),
     bfloat16 keeps a bfloat16 weight itself."""
     if fmt not in FORMATS:
-        raise ValueError(f"weight format {fmt!r} must be one of {list(FORMATS)}")
+        raise InvalidValue(f"weight format {fmt!r} must be one of {list(FORMATS)}")
     out_f, in_f = weight.shape
     w = weight.detach()
     if fmt == "float32":

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from exactspec.errors import InvalidValue
 from exactspec.models.cache import SlotCache
 from exactspec.models.formats import FORMATS, Matrix, make_matrix
 
@@ -35,12 +36,12 @@ class LeanLlama:
     def __init__(self, model: PreTrainedModel, fmt: str = "float32", *,
                  layers: Sequence[int] | None = None, group_size: int = 32) -> None:
         if fmt not in FORMATS:
-            raise ValueError(f"weight format {fmt!r} must be one of {list(FORMATS)}")
+            raise InvalidValue(f"weight format {fmt!r} must be one of {list(FORMATS)}")
         inner, cfg = model.model, model.config
         n_layers = cfg.num_hidden_layers
         self.layer_ids = list(range(n_layers)) if layers is None else list(layers)
         if not self.layer_ids or any(not 0 <= i < n_layers for i in self.layer_ids):
-            raise ValueError(f"layers={layers!r} must be a non-empty subset of 0..{n_layers - 1}")
+            raise InvalidValue(f"layers={layers!r} must be a non-empty subset of 0..{n_layers - 1}")
         self._model = weakref.ref(model)  # weak: the cache below is keyed by the model
         self.fmt = fmt  # weight format of every product
         self.group_size = group_size  # int4 group along the input dimension
