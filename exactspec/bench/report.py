@@ -111,8 +111,8 @@ def format_report(result: dict, *, markdown: bool = False) -> str:
         parts.append(f"speedup against K (greedy, {result['config']['sweep_workload']}):")
         parts.append(format_table(result["sweep"], markdown=markdown))
     if result.get("batch"):
-        parts.append(f"batch of {result['config']['batch_rows']} rows (greedy, input-grounded "
-                     "prompts), tok/s of the whole batch:")
+        parts.append(f"batch of {result['config']['batch_rows']} rows (greedy, prompts of every "
+                     "selected workload in turn), tok/s of the whole batch:")
         parts.append(format_table(result["batch"], markdown=markdown))
     parts.append("split % p/d/t/v/o: prefill / draft / target forward / standardize + verify / "
                  "bookkeeping, shares of wall time. x plain: tok/s over exactspec plain; x hf: "
