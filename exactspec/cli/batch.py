@@ -7,16 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from exactspec.cli.common import UsageError, at_least, refuse_without, value_or
-
-
-def _draft_tokens(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int or 'auto', got {text!r}") from None
+from exactspec.cli.common import UsageError, at_least, draft_tokens, refuse_without, value_or
 
 
 def add(sub) -> None:
@@ -62,7 +53,7 @@ def add(sub) -> None:
                    help="write log p of each token under the target's standardized distribution")
     p.add_argument("--batch-size", type=at_least(1), default=64,
                    help="samples per forward pass and per unit of work (default 64)")
-    p.add_argument("--num-draft-tokens", type=_draft_tokens, default=None, metavar="N|auto",
+    p.add_argument("--num-draft-tokens", type=draft_tokens, default=None, metavar="N|auto",
                    help="draft tokens per step (default 4; 'auto' is lossless too, but a "
                    "seed's text then depends on timings, so a resumed job is not reproducible); "
                    "needs a drafter")

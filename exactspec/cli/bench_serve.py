@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from exactspec.cli.common import UsageError, at_least
-from exactspec.cli.serve import add_drafter_flags, draft_tokens, drafter_choice
+from exactspec.cli.common import UsageError, at_least, draft_tokens
+from exactspec.cli.serve import add_drafter_flags, drafter_choice
 
 
 def _ints(text: str) -> list[int]:

@@ -96,3 +96,16 @@ def names_user_file(exc: FileNotFoundError, args: argparse.Namespace) -> bool:
     missing = os.path.abspath(os.path.expanduser(os.fsdecode(exc.filename)))
     return any(missing == p or missing.startswith(p.rstrip(os.sep) + os.sep)
                for p in user_paths(args))
+
+
+def draft_tokens(text: str) -> int | str:
+    """argparse type of --num-draft-tokens: 'auto' or an int >= 0."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or 'auto', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 or 'auto', got {value}")
+    return value

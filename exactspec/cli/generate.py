@@ -10,22 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from exactspec.cli.common import UsageError, at_least, refuse_without, value_or
+from exactspec.cli.common import UsageError, at_least, draft_tokens, refuse_without, value_or
 
 DTYPES = ("float32", "bfloat16")  # what exactspec.load accepts as dtype
 DRAFTER_FLAGS = "a drafter (--draft, --prompt-lookup, --eagle, --quantized-draft or --gguf-draft)"
 K_DEFAULT = 4  # draft tokens per step when --num-draft-tokens is not given
 VERIFY_DEFAULT = "token"  # verification method when --verify is not given
-
-
-def _draft_tokens(text: str) -> int | str:
-    """argparse type: 'auto' or an int (the library checks its range)."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int or 'auto', got {text!r}") from None
 
 
 def add(sub) -> None:
@@ -68,7 +58,7 @@ def add(sub) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="1.0 = off")
     p.add_argument("--seed", type=int, default=None, help="same seed, same text")
     p.add_argument("--max-new-tokens", type=at_least(1), default=128)
-    p.add_argument("--num-draft-tokens", type=_draft_tokens, default=None, metavar="N|auto",
+    p.add_argument("--num-draft-tokens", type=draft_tokens, default=None, metavar="N|auto",
                    help="draft tokens per step, or 'auto' to adapt per row from measured "
                    "speed (still lossless, but a seed's text then depends on timings; "
                    f"default {K_DEFAULT}); needs a drafter")

@@ -2,22 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
-
-from exactspec.cli.common import UsageError, at_least, refuse_without, value_or
-
-
-def draft_tokens(text: str) -> int | str:
-    """argparse type: 'auto' or an int >= 0."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int or 'auto', got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 or 'auto', got {value}")
-    return value
+from exactspec.cli.common import UsageError, at_least, draft_tokens, refuse_without, value_or
 
 
 def add_drafter_flags(p) -> None:
