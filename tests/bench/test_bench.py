@@ -60,7 +60,7 @@ def test_schema(result):
                                                    "VSX"}
     bw = result["bandwidth"]
     assert bw["read_gbs"] > 0 and bw["target_weight_bytes"] > 0
-    assert 0 < bw["exactspec plain"]["share_of_limit"]
+    assert bw["exactspec plain"]["share_of_limit"] > 0
     engines = {r["engine"] for r in result["results"]}
     assert {"exactspec plain", "transformers plain", "exactspec lookup K=4",
             "transformers lookup K=4", "exactspec draft K=4", "transformers assisted K=4",
