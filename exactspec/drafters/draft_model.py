@@ -39,15 +39,19 @@ class DraftModel:
 
     def begin(self, context: DraftContext, target: TargetInfo) -> None:
         self._check_vocab(target)
-        self._adapter = TargetAdapter(self.model.model)
+        self._start(TargetAdapter(self.model.model), context)
+
+    def _start(self, adapter: TargetAdapter, context: DraftContext) -> None:
+        """Prefill `adapter` (the draft's cache) with every row's context but its last token."""
+        self._adapter = adapter
         prompts = [
             row[: int(n) - 1].tolist()
             for row, n in zip(context.tokens.cpu(), context.lengths.cpu(), strict=True)
         ]
-        self._adapter.prefill(prompts)
-        dev = self._adapter.device
+        adapter.prefill(prompts)
         width = context.tokens.shape[1]
-        self._fed = torch.full((len(prompts), width), -1, dtype=torch.long, device=dev)
+        self._fed = torch.full((len(prompts), width), -1, dtype=torch.long,
+                               device=adapter.device)
         for i, p in enumerate(prompts):
             self._fed[i, : len(p)] = torch.tensor(p, dtype=torch.long)
 

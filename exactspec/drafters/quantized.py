@@ -165,19 +165,6 @@ class QuantizedDraft(DraftModel):
         self._gguf, self._gguf_key = GgufDraft(path), key
         return self._gguf
 
-    def _start(self, adapter: TargetAdapter, context: DraftContext) -> None:
-        """Prefill the draft cache with every row's context but its last token."""
-        self._adapter = adapter
-        prompts = [
-            row[: int(n) - 1].tolist()
-            for row, n in zip(context.tokens.cpu(), context.lengths.cpu(), strict=True)
-        ]
-        adapter.prefill(prompts)
-        width = context.tokens.shape[1]
-        self._fed = torch.full((len(prompts), width), -1, dtype=torch.long,
-                               device=adapter.device)
-        for i, p in enumerate(prompts):
-            self._fed[i, : len(p)] = torch.tensor(p, dtype=torch.long)
 
 
 class _TargetView:
