@@ -65,9 +65,11 @@ def add(sub) -> None:
     p.add_argument("--tree", type=_tree, default=None, metavar="B1,B2,..",
                    help="draft a token tree, branching B1 at depth 1, B2 at depth 2, ... "
                    "(--draft; --prompt-lookup takes B1 matches as branches, depth = the count)")
-    p.add_argument("--verify", choices=["token", "block", "traversal", "greedy"], default=None,
-                   help=f"verification method (token and block are lossless; greedy is exact "
-                   f"only with --temperature 0; default {VERIFY_DEFAULT}); needs a drafter")
+    p.add_argument("--verify", default=None, metavar="METHOD",
+                   help=f"verification method: token, block, traversal (lossless), greedy (exact "
+                   f"only with --temperature 0), or the opt-in lossy rules lenient:L / "
+                   f"typical:EPS (a warning is printed; `exactspec audit --lossy` prices them); "
+                   f"default {VERIFY_DEFAULT}; needs a drafter")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="stop before this text (repeatable)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
@@ -175,10 +177,16 @@ def run(args: argparse.Namespace) -> int:
     if args.compare_plain:  # warm both paths up first, so neither timing pays first-call costs
         for d in (drafter, None):
             generate(model, [ids], **{**kwargs, "drafter": d, "max_new_tokens": 4})
+    from exactspec.sampling import is_lossless
+
+    if drafter is not None and not is_lossless(verify):
+        print(f"warning: --verify {verify} is a lossy rule: the text is NOT distributed as the "
+              "target's (exactspec audit --lossy measures how far)", file=sys.stderr)
     if args.json:
         g = generate(model, [ids], **kwargs)[0]
         out = {"model": model.name, "drafter": drafter_name,
-               "verify": verify if drafter is not None else None, "text": g.text,
+               "verify": verify if drafter is not None else None, "lossless": g.lossless,
+               "text": g.text,
                "token_ids": g.token_ids, "finish_reason": g.finish_reason,
                "stats": _stats(g.stats, drafter is not None)}
         if args.compare_plain:

@@ -100,3 +100,17 @@ def test_bad_input_exits_2_with_one_line(model_dir, other_vocab_dir, argv, capsy
            if line.strip() and "Loading weights" not in line]  # transformers progress bars
     assert rc == 2
     assert len(err) == 1 and err[0].startswith("exactspec generate: error:")
+
+
+def test_a_lossy_rule_prints_a_warning_and_is_flagged(model_dir, capsys):
+    base = ["generate", "hello", "--model", model_dir, "--no-chat", "--temperature", "1",
+            "--seed", "0", "--max-new-tokens", "8", "--prompt-lookup", "--json"]
+    assert main([*base, "--verify", "lenient:0.5"]) == 0
+    cap = capsys.readouterr()
+    assert "warning: --verify lenient:0.5 is a lossy rule" in cap.err
+    assert json.loads(cap.out)["lossless"] is False
+    assert main([*base, "--verify", "token"]) == 0  # an exact rule: no warning, flagged exact
+    cap = capsys.readouterr()
+    assert "warning" not in cap.err and json.loads(cap.out)["lossless"] is True
+    assert main([*base, "--verify", "lenient:2"]) == 2  # out of range: one line, exit 2
+    assert "lenient" in capsys.readouterr().err
