@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from exactspec.bench.hf_quantized import quantized_copy
-from exactspec.drafters import DraftModel, PromptLookup, QuantizedDraft
+from exactspec.drafters import DraftModel, PromptLookup, QuantizedDraft, SuffixDrafter
 from exactspec.engine import generate
 from exactspec.models.loading import Model
 from exactspec.sampling import SamplingParams
@@ -100,6 +100,8 @@ def default_engines(k: int = 4, eagle: bool = False, block: bool = True,
         e.append(EngineSpec(f"exactspec eagle K={k}", "exactspec", "eagle", k))
         e.append(EngineSpec("exactspec eagle auto", "exactspec", "eagle", "auto"))
     e += quantized_engines(qk)
+    e += [EngineSpec(f"exactspec suffix K={k}", "exactspec", "suffix", k),
+          EngineSpec("exactspec suffix auto", "exactspec", "suffix", "auto")]
     return e if block else [s for s in e if s.verify != "block"]
 
 
@@ -165,6 +167,8 @@ class Engines:
         self._assistants: dict[str, nn.Module] = {}  # transformers assistant per drafter
         self._drafters: dict[str, Callable[[], object]] = {  # exactspec drafter per name
             "lookup": lambda: PromptLookup(min_ngram=1, max_ngram=3),
+            # a fresh cache per run: every engine sees each prompt the same number of times
+            "suffix": lambda: SuffixDrafter(),
             "draft": lambda: DraftModel(self.draft),
             "eagle": self._eagle_drafter,
             "int8": lambda: QuantizedDraft(8),  # backend auto: llama.cpp when installed
