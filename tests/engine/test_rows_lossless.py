@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from exactspec.audit import power, target_law
 from exactspec.audit.samplers import sequence_ids
@@ -24,6 +24,7 @@ from exactspec.engine import generate
 from exactspec.engine import step as step_module
 from exactspec.sampling import SamplingParams
 from exactspec.sampling.standardize import probs_from_logits_rows
+from tests.engine.tiny import tiny_llama as tiny
 
 V, N, K = 8, 3, 2  # vocabulary, generated tokens compared (512 outcomes), drafts per step
 ROWS = 8000  # rows in the one generate call, half with each law
@@ -33,16 +34,9 @@ HOT = SamplingParams(temperature=1.4, top_p=0.95, repetition_penalty=1.2, presen
 
 
 def tiny_llama(seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      bos_token_id=None, pad_token_id=None, eos_token_id=None,
-                      tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(5.0)
-    model.generation_config.eos_token_id = None
-    return model
+    """8-token vocabulary, a spread of probabilities (neither flat nor one-hot), no EOS: every
+    row makes N tokens."""
+    return tiny(seed, vocab=V, max_pos=64, head_scale=5.0)
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,10 @@ VOCAB = len(ALPHABET) + 1  # + "<eos>" at id 0
 
 
 def tiny_llama(seed: int = 0, *, vocab: int = VOCAB, layers: int = 2, hidden: int = 32,
-               eos: int | None = None, attn: str = "sdpa", max_pos: int = 512) -> LlamaForCausalLM:
-    """A 2-layer Llama with random weights, float32, eval mode."""
+               eos: int | None = None, attn: str = "sdpa", max_pos: int = 512,
+               head_scale: float = 20.0) -> LlamaForCausalLM:
+    """A 2-layer Llama with random weights, float32, eval mode; the LM head is scaled by
+    `head_scale` (sharper logits than the default init)."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
@@ -26,7 +28,7 @@ def tiny_llama(seed: int = 0, *, vocab: int = VOCAB, layers: int = 2, hidden: in
     cfg._attn_implementation = attn
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # sharper logits than the default init, so text is not uniform noise
-        model.lm_head.weight.mul_(20.0)
+        model.lm_head.weight.mul_(head_scale)
     model.generation_config.eos_token_id = eos
     return model
 
