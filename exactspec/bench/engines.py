@@ -19,8 +19,9 @@ from torch import nn
 from exactspec.bench.hf_quantized import quantized_copy
 from exactspec.drafters import DraftModel, PromptLookup, QuantizedDraft, SuffixDrafter
 from exactspec.engine import generate
+from exactspec.errors import InvalidValue
 from exactspec.models.loading import Model
-from exactspec.sampling import SamplingParams
+from exactspec.sampling import SamplingParams, branching_parents
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,29 @@ class EngineSpec:
     verify: str = "token"  # exactspec verification method ("token" | "block")
     counterpart: str | None = None  # the transformers engine this one is compared with
     sampling_only: bool = False  # skip in greedy mode (block == token when p is one-hot)
+    # a token tree's branching per depth (exactspec/drafters/tree_draft.py; prompt lookup's
+    # M branches of depth D are (M, 1, ..., 1)); None: chains of k tokens
+    tree: tuple[int, ...] | None = None
+    siblings: str = "without_replacement"  # how a sampled tree's siblings are drawn
+
+    @property
+    def draft_nodes(self) -> int | None:
+        """Draft positions the target scores per step (tree nodes, or K); None for auto."""
+        if self.tree is not None:
+            return len(branching_parents(self.tree))
+        return self.k if isinstance(self.k, int) else None
+
+    @property
+    def verify_width(self) -> int | None:
+        """Positions one verify forward scores: the draft nodes + 1 (the last committed
+        token); None for auto (the policy picks K per step)."""
+        n = self.draft_nodes
+        return None if n is None else n + 1
+
+    @property
+    def draft_forwards(self) -> int | None:
+        """Drafter calls per step: one per tree depth, one per chain token (K)."""
+        return len(self.tree) if self.tree is not None else self.draft_nodes
 
 
 @dataclass
@@ -165,16 +189,17 @@ class Engines:
         self._pad = self._hf_eos[0] if self._hf_eos else 0
         self.device = dev
         self._assistants: dict[str, nn.Module] = {}  # transformers assistant per drafter
-        self._drafters: dict[str, Callable[[], object]] = {  # exactspec drafter per name
-            "lookup": lambda: PromptLookup(min_ngram=1, max_ngram=3),
+        # exactspec drafter per name, built from the spec (its tree, if any)
+        self._drafters: dict[str, Callable[[EngineSpec], object]] = {
+            "lookup": _lookup,
             # a fresh cache per run: every engine sees each prompt the same number of times
-            "suffix": lambda: SuffixDrafter(),
-            "draft": lambda: DraftModel(self.draft),
+            "suffix": _chain_only(SuffixDrafter),
+            "draft": lambda s: DraftModel(self.draft, **_tree_kwargs(s)),
             "eagle": self._eagle_drafter,
-            "int8": lambda: QuantizedDraft(8),  # backend auto: llama.cpp when installed
-            "int4": lambda: QuantizedDraft(4),
-            "int8-torch": lambda: QuantizedDraft(8, backend="torch"),
-            "int4-torch": lambda: QuantizedDraft(4, backend="torch"),
+            "int8": _chain_only(lambda: QuantizedDraft(8)),  # backend auto: llama.cpp if installed
+            "int4": _chain_only(lambda: QuantizedDraft(4)),
+            "int8-torch": _chain_only(lambda: QuantizedDraft(8, backend="torch")),
+            "int4-torch": _chain_only(lambda: QuantizedDraft(4, backend="torch")),
         }
 
     def available(self, spec: EngineSpec) -> bool:
@@ -196,14 +221,21 @@ class Engines:
         if spec.drafter == "none":
             return None
         if spec.drafter not in self._drafters:
-            raise ValueError(f"unknown drafter {spec.drafter!r}; have {sorted(self._drafters)}")
-        return self._drafters[spec.drafter]()
+            raise InvalidValue(f"unknown drafter {spec.drafter!r}; have {sorted(self._drafters)}")
+        return self._drafters[spec.drafter](spec)
 
-    def _eagle_drafter(self):
+    def _eagle_drafter(self, spec: EngineSpec):
+        """The loaded head (loaded once); a tree engine gets its own drafter over the same
+        head, so the shared chain drafter is never reconfigured."""
         if self._eagle is None:
             assert self._eagle_factory is not None
             self._eagle = self._eagle_factory()
-        return self._eagle
+        if spec.tree is None:
+            return self._eagle
+        from exactspec.drafters.eagle import EagleDrafter
+
+        return EagleDrafter(self._eagle.head, self.target, name=self._eagle.name,
+                            **_tree_kwargs(spec))
 
     def _assistant(self, drafter: str) -> nn.Module:
         """transformers' assistant model for an assisted engine (built once)."""
@@ -281,6 +313,33 @@ class Engines:
                     break
             texts.append(toks)
         return Run(tokens=sum(map(len, texts)), seconds=seconds, texts=texts)
+
+
+def _tree_kwargs(spec: EngineSpec) -> dict:
+    """DraftModel / EagleDrafter keyword arguments for the spec's tree (none for a chain)."""
+    return {} if spec.tree is None else dict(tree=spec.tree, siblings=spec.siblings)
+
+
+def _lookup(spec: EngineSpec) -> PromptLookup:
+    """Prompt lookup: a chain, or for tree (M, 1, ..., 1) the M latest matches of depth D."""
+    if spec.tree is None:
+        return PromptLookup(min_ngram=1, max_ngram=3)
+    m, *rest = spec.tree
+    if m < 2 or any(b != 1 for b in rest):
+        raise InvalidValue(f"{spec.name!r}: a prompt-lookup tree is M branches of depth D, "
+                           f"tree (M, 1, ..., 1) with M >= 2, not {spec.tree}; "
+                           f"spell it 'lookup tree MxD', e.g. 'lookup tree 3x4'")
+    return PromptLookup(min_ngram=1, max_ngram=3, branches=m, depth=len(spec.tree))
+
+
+def _chain_only(build: Callable[[], object]) -> Callable[[EngineSpec], object]:
+    """A factory for a drafter that drafts chains only: a tree spec is refused by name."""
+    def make(spec: EngineSpec):
+        if spec.tree is not None:
+            raise InvalidValue(f"{spec.name!r}: the {spec.drafter!r} drafter drafts chains "
+                               "only in the bench; drop the tree or use eagle, lookup or draft")
+        return build()
+    return make
 
 
 def add_counts(a: list[int], b: list[int]) -> list[int]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -20,8 +19,10 @@ from importlib import resources
 
 from tqdm.auto import tqdm
 
-from exactspec.bench.engines import MODES, Engines, EngineSpec, Run, add_counts, default_engines
-from exactspec.bench.figures import analytic_bound, bandwidth_summary, fit_alpha, machine_info
+from exactspec.bench.engines import MODES, Engines, EngineSpec, Run, default_engines
+from exactspec.bench.figures import bandwidth_summary, machine_info
+from exactspec.bench.rows import engine_row, merge_runs
+from exactspec.bench.trees import compared, summarise, tree_engines, with_named
 from exactspec.errors import InvalidValue
 from exactspec.models.loading import Model
 
@@ -72,6 +73,11 @@ class BenchConfig:
     draft_layers: int = 4  # truncated-target draft model: its first N layers
     engines: list[str] | None = None  # keep engines whose name contains one of these
     qk: int = 6  # fixed draft length of the quantized self-draft engines
+    # the tree-vs-chain comparison (bench/trees.py) instead of the default engines; no K sweep
+    # and no batch then (the comparison sweeps the verify width itself)
+    trees: bool = False
+    width_cost_context: int = 300  # cached tokens when probing w(N+1) for the tree table
+    width_cost_repeats: int = 9  # timed forwards per width of that probe (median)
 
     @classmethod
     def quick_config(cls) -> BenchConfig:
@@ -79,10 +85,6 @@ class BenchConfig:
                    workloads=["chat", "code_edit", "summarise"], prompts_per_workload=1,
                    max_new_tokens=32, sweep_ks=[2, 8], sweep_drafters=["lookup"],
                    block=False, batch_max_new_tokens=24)
-
-
-def _median(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else 0.0
 
 
 class Bench:
@@ -95,8 +97,15 @@ class Bench:
         self.target = target
         self.cfg = cfg
         self.runner = Engines(target, draft, eagle_factory)
-        specs = engines or default_engines(cfg.k, eagle=eagle_factory is not None,
-                                           block=cfg.block, qk=cfg.qk)
+        if engines is None:
+            engines = tree_engines() if cfg.trees else default_engines(
+                cfg.k, eagle=eagle_factory is not None, block=cfg.block, qk=cfg.qk)
+        specs = with_named(engines, cfg.engines)  # + trees and chains asked for by name
+        unknown = [e for e in cfg.engines or [] if not any(e in s.name for s in specs)]
+        if unknown:
+            raise InvalidValue(f"no engine is named {unknown}; names are "
+                               f"{[s.name for s in specs]}, or spell a tree or chain as "
+                               "'eagle tree 4,1,1,1', 'lookup tree 3x4', 'eagle K=16'")
         self.specs = [s for s in specs if self.runner.available(s)
                       and (cfg.engines is None or any(e in s.name for e in cfg.engines))]
         if not self.specs:
@@ -151,8 +160,8 @@ class Bench:
         cfg = self.cfg
         start = time.perf_counter()
         jobs = self._jobs()
-        sweep = self._sweep_specs()
-        batch = self._batch_specs() if cfg.batch_rows else []
+        sweep = [] if cfg.trees else self._sweep_specs()
+        batch = self._batch_specs() if cfg.batch_rows and not cfg.trees else []
         total = len(self.specs) + len(jobs) + len(sweep) * cfg.rounds + len(batch) * cfg.rounds
         bar = tqdm(total=total, desc="bench", unit="run", disable=not self.progress)
         runs: dict[tuple[str, str, str], list[list[Run]]] = {}
@@ -180,6 +189,7 @@ class Bench:
             interrupted = True
         finally:
             bar.close()
+        summary = self._summarise(runs)
         result = {
             "schema": SCHEMA_VERSION,
             "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -189,13 +199,32 @@ class Bench:
             "config": asdict(cfg),
             "draft_note": self.draft_note,
             "engines": [asdict(s) for s in self.specs],
-            "results": self._summarise(runs),
+            "results": summary,
             "sweep": self._summarise_group(sweep, sweep_runs, "sweep"),
             "batch": self._summarise_group(batch, batch_runs, "batch"),
+            "trees": None if interrupted else self._trees(summary),
         }
         result["duration_seconds"] = time.perf_counter() - start
         result["interrupted"] = interrupted
         return result
+
+    def _trees(self, rows: list[dict]) -> dict | None:
+        """The tree-vs-chain table (bench/trees.py) when a tree engine ran: w(N+1) probed at
+        every compared verify width with width_cost.time_widths, then the pooled rows."""
+        specs = compared(self.specs)
+        if not any(s.tree for s in specs):
+            return None
+        from exactspec.bench.width_cost import time_widths
+        from exactspec.models.adapter import TargetAdapter
+
+        widths = sorted({1} | {s.verify_width for s in specs if s.verify_width})
+        adapter = TargetAdapter(self.target.model)
+        context = max(1, min(self.cfg.width_cost_context, adapter.max_context - widths[-1] - 1))
+        ms = time_widths(adapter, widths, 1, context, self.cfg.width_cost_repeats)
+        grounded = {w.name: w.input_grounded for w in self.workloads}
+        return {"width_cost": {"context": context, "batch": 1, "ms": ms,
+                               "w": {k: v / ms[1] for k, v in ms.items()}},
+                "rows": summarise(specs, rows, grounded, ms)}
 
     # --- sweep (speedup against K) and batch (8 rows at once) --------------------------------
 
@@ -248,7 +277,7 @@ class Bench:
                 for i, prompts in enumerate(prompt_sets):
                     n = budget or (self._budget(w) if w else 32)
                     run = self.runner.run(s, prompts, MODES["greedy"], n, seed=1000 * r + i)
-                    merged = run if merged is None else _merge(merged, run)
+                    merged = run if merged is None else merge_runs(merged, run)
                 out.setdefault(s.name, []).append(merged)
                 bar.update()
         return out
@@ -260,7 +289,7 @@ class Bench:
             rs = runs.get(s.name, [])
             if not rs:
                 continue
-            rows.append(self._row(s, "greedy", self.cfg.sweep_workload if label == "sweep" else
+            rows.append(engine_row(s, "greedy", self.cfg.sweep_workload if label == "sweep" else
                                   "batch", [[r] for r in rs], [[r] for r in plain or []]))
         return rows
 
@@ -274,7 +303,7 @@ class Bench:
                 for s in self.specs:
                     rounds = runs.get((s.name, mode, w.name))
                     if rounds:
-                        rows.append(self._row(s, mode, w.name, rounds, plain))
+                        rows.append(engine_row(s, mode, w.name, rounds, plain))
         by_key = {(r["engine"], r["mode"], r["workload"]): r for r in rows}
         for r in rows:
             spec = next(s for s in self.specs if s.name == r["engine"])
@@ -283,92 +312,3 @@ class Bench:
             r["ratio_to_counterpart"] = (r["tokens_per_second"] / other["tokens_per_second"]
                                          if other and other["tokens_per_second"] else None)
         return rows
-
-    def _row(self, spec: EngineSpec, mode: str, workload: str, rounds: list[list[Run]],
-             plain: list[list[Run]] | None) -> dict:
-        tps = [sum(r.tokens for r in rr) / sum(r.seconds for r in rr) for rr in rounds if rr]
-        flat = [r for rr in rounds for r in rr]
-        tokens = sum(r.tokens for r in flat)
-        seconds = sum(r.seconds for r in flat)
-        steps = sum(r.steps for r in flat)
-        drafted = sum(r.drafted for r in flat)
-        accepted = sum(r.accepted for r in flat)
-        app: list[int] = []
-        dpp: list[int] = []
-        for r in flat:
-            app, dpp = add_counts(app, r.accepted_per_position), add_counts(dpp, r.drafted_per_position)
-        row = {
-            "engine": spec.name, "family": spec.family, "drafter": spec.drafter,
-            "k": spec.k, "verify": spec.verify if spec.family == "exactspec" else None,
-            "mode": mode, "workload": workload,
-            "tokens": tokens, "seconds": seconds,
-            "tokens_per_second": _median(tps),
-            "tokens_per_second_rounds": tps,
-            "tokens_per_second_min": min(tps) if tps else 0.0,
-            "tokens_per_second_max": max(tps) if tps else 0.0,
-        }
-        plain_tps = None
-        if plain:
-            pt = [sum(r.tokens for r in rr) / sum(r.seconds for r in rr) for rr in plain if rr]
-            plain_tps = _median(pt)
-        row["ratio_to_plain"] = row["tokens_per_second"] / plain_tps if plain_tps else None
-        if spec.family != "exactspec":
-            row.update(mean_acceptance_length=None, acceptance_rate=None, alpha=None,
-                       mean_k=None, c=None, bound=None, share_of_bound=None, time_split=None,
-                       target_width_cost=None, bound_with_width_cost=None,
-                       verify_share_of_step=None, acceptance_by_position=None,
-                       accepted_per_position=None, drafted_per_position=None)
-            return row
-        mean_len = tokens / steps if steps else 0.0
-        mean_k = drafted / steps if steps else 0.0
-        alpha = fit_alpha(mean_len, mean_k)
-        c = None
-        plain_flat = [r for rr in (plain or []) for r in rr]
-        plain_steps = sum(r.steps for r in plain_flat)
-        plain_target = sum(r.target_seconds for r in plain_flat)
-        draft_s = sum(r.draft_seconds for r in flat)
-        if drafted and plain_steps and plain_target > 0:
-            c = (draft_s / drafted) / (plain_target / plain_steps)
-        bound = analytic_bound(alpha, mean_k, c) if c is not None else None
-        # the bound assumes a target forward over K+1 tokens costs what one over 1 token does;
-        # on a CPU it does not: the measured ratio, and the bound with it in place of 1
-        target_s = sum(r.target_seconds for r in flat)
-        width_cost = ((target_s / steps) / (plain_target / plain_steps)
-                      if steps and plain_steps and plain_target > 0 else None)
-        bound_w = None
-        if c is not None and width_cost:
-            bound_w = analytic_bound(alpha, mean_k, 0.0) / (mean_k * c + width_cost)
-        split = {
-            "prefill": sum(r.prefill_seconds for r in flat),
-            "draft": draft_s,
-            "target_forward": sum(r.target_seconds for r in flat),
-            "standardize_verify": sum(r.verify_seconds for r in flat),
-        }
-        split["bookkeeping"] = max(0.0, seconds - sum(split.values()))
-        decode = seconds - split["prefill"]
-        row.update(
-            steps=steps, drafted=drafted, accepted=accepted,
-            mean_acceptance_length=mean_len,
-            acceptance_rate=accepted / drafted if drafted else None,
-            alpha=alpha if drafted else None, mean_k=mean_k, c=c, bound=bound,
-            target_width_cost=width_cost, bound_with_width_cost=bound_w,
-            share_of_bound=(row["ratio_to_plain"] / bound
-                            if bound and row["ratio_to_plain"] is not None else None),
-            time_split={k: v / seconds for k, v in split.items()} if seconds else None,
-            verify_share_of_step=split["standardize_verify"] / decode if decode > 0 else None,
-            accepted_per_position=app, drafted_per_position=dpp,
-            # P(draft i kept | the step drafted an i-th token), i = 1..K
-            acceptance_by_position=[a / d if d else 0.0 for a, d in zip(app, dpp, strict=False)],
-        )
-        return row
-
-
-def _merge(a: Run, b: Run) -> Run:
-    return Run(tokens=a.tokens + b.tokens, seconds=a.seconds + b.seconds, steps=a.steps + b.steps,
-               drafted=a.drafted + b.drafted, accepted=a.accepted + b.accepted,
-               accepted_per_position=add_counts(a.accepted_per_position, b.accepted_per_position),
-               drafted_per_position=add_counts(a.drafted_per_position, b.drafted_per_position),
-               prefill_seconds=a.prefill_seconds + b.prefill_seconds,
-               draft_seconds=a.draft_seconds + b.draft_seconds,
-               target_seconds=a.target_seconds + b.target_seconds,
-               verify_seconds=a.verify_seconds + b.verify_seconds)

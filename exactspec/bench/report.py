@@ -114,6 +114,10 @@ def format_report(result: dict, *, markdown: bool = False) -> str:
         parts.append(f"batch of {result['config']['batch_rows']} rows (greedy, prompts of every "
                      "selected workload in turn), tok/s of the whole batch:")
         parts.append(format_table(result["batch"], markdown=markdown))
+    if result.get("trees"):
+        from exactspec.bench.tree_report import format_trees
+
+        parts.append(format_trees(result["trees"], markdown=markdown))
     parts.append("split % p/d/t/v/o: prefill / draft / target forward / standardize + verify / "
                  "bookkeeping, shares of wall time. x plain: tok/s over exactspec plain; x hf: "
                  "over the transformers counterpart; acc len: tokens per target forward; alpha: "
@@ -125,7 +129,9 @@ def format_report(result: dict, *, markdown: bool = False) -> str:
 
 
 def write_plots(result: dict, out_dir: str | Path) -> list[Path]:
-    """tokens_per_second.png, speedup_vs_k.png, acceptance_by_position.png in `out_dir`."""
+    """tokens_per_second.png, speedup_vs_k.png (when the K sweep ran),
+    acceptance_by_position.png in `out_dir`, and trees.png when tree engines ran
+    (bench/tree_report.py)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -163,34 +169,35 @@ def write_plots(result: dict, out_dir: str | Path) -> list[Path]:
     plt.close(fig)
 
     sweep = result.get("sweep") or []
-    fig, ax1 = plt.subplots(figsize=(6, 4))
-    for d in ("lookup", "draft", "eagle"):
-        pts = sorted((r["k"], r["ratio_to_plain"], r["bound"], r.get("bound_with_width_cost"))
-                     for r in sweep if r["drafter"] == d and r["ratio_to_plain"] is not None)
-        if pts:
-            line = ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{d} measured")
-            color = line[0].get_color()
-            if all(p[2] is not None for p in pts):
-                ax1.plot([p[0] for p in pts], [p[2] for p in pts], "--", color=color,
-                         label=f"{d} analytic bound")
-            if all(p[3] is not None for p in pts):
-                ax1.plot([p[0] for p in pts], [p[3] for p in pts], ":", color=color,
-                         label=f"{d} bound with measured width cost")
-    ax1.axhline(1.0, color="grey", lw=0.8)
-    ax1.set_xlabel("K (draft tokens per step)")
-    ax1.set_ylabel("speedup over exactspec plain")
-    ax1.set_title(f"speedup against K (greedy, {result['config']['sweep_workload']})")
-    ax1.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(out / "speedup_vs_k.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    if sweep:  # none in a tree comparison (it sweeps the verify width instead)
+        fig, ax1 = plt.subplots(figsize=(6, 4))
+        for d in ("lookup", "draft", "eagle"):
+            pts = sorted((r["k"], r["ratio_to_plain"], r["bound"], r.get("bound_with_width_cost"))
+                         for r in sweep if r["drafter"] == d and r["ratio_to_plain"] is not None)
+            if pts:
+                line = ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{d} measured")
+                color = line[0].get_color()
+                if all(p[2] is not None for p in pts):
+                    ax1.plot([p[0] for p in pts], [p[2] for p in pts], "--", color=color,
+                             label=f"{d} analytic bound")
+                if all(p[3] is not None for p in pts):
+                    ax1.plot([p[0] for p in pts], [p[3] for p in pts], ":", color=color,
+                             label=f"{d} bound with measured width cost")
+        ax1.axhline(1.0, color="grey", lw=0.8)
+        ax1.set_xlabel("K (draft tokens per step)")
+        ax1.set_ylabel("speedup over exactspec plain")
+        ax1.set_title(f"speedup against K (greedy, {result['config']['sweep_workload']})")
+        ax1.legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(out / "speedup_vs_k.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
 
     fig, ax2 = plt.subplots(figsize=(7, 4.5))
     lines: dict[str, tuple[list[int], list[int]]] = {}
     for r in rows + sweep:  # fixed-K token-verified engines, summed over workloads
         if not r.get("drafted_per_position") or not isinstance(r["k"], int) or \
-                r["verify"] != "token":
+                r["verify"] != "token" or r.get("tree"):  # a tree's positions are nodes
             continue
         key = f"{r['engine']} {r['mode']}"
         a, d = lines.get(key, ([], []))
@@ -200,7 +207,8 @@ def write_plots(result: dict, out_dir: str | Path) -> list[Path]:
         ax2.plot(range(1, len(ys) + 1), ys, "o-", label=key)
     if not lines:  # results without per-position draft counts: per-step rates, per workload
         for r in [r for r in sweep + rows if r.get("acceptance_by_position")
-                  and isinstance(r["k"], int) and r["verify"] == "token"][:10]:
+                  and isinstance(r["k"], int) and r["verify"] == "token"
+                  and not r.get("tree")][:10]:
             ys = r["acceptance_by_position"]
             ax2.plot(range(1, len(ys) + 1), ys, "o-",
                      label=f"{r['engine']} {r['mode']} {r['workload']} (per step)")
@@ -213,7 +221,10 @@ def write_plots(result: dict, out_dir: str | Path) -> list[Path]:
     paths.append(out / "acceptance_by_position.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
-    return paths
+    from exactspec.bench.tree_report import plot_trees
+
+    trees = plot_trees(result, out)
+    return paths + ([trees] if trees else [])
 
 
 def _add(a: list[int], b: list[int]) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 
 from exactspec.cli.common import at_least
@@ -17,7 +18,8 @@ def add(sub) -> None:
         "(plain, assisted generation with the same draft model, prompt lookup) on the shipped "
         "workloads, greedy and sampling, interleaved round by round. Prints a table, writes "
         "OUT/bench.json and PNG plots. Ctrl-C stops it and writes what was measured so far "
-        "(exit code 130). Example: exactspec bench --quick --threads 1")
+        "(exit code 130). Examples: exactspec bench --quick --threads 1; exactspec bench --trees "
+        "--threads 2 --workloads chat,long,code_edit --modes greedy,t1")
     p.add_argument("--quick", action="store_true", help="a smoke check in under 3 minutes")
     p.add_argument("--out", default="out/bench", help="output directory (default %(default)s)")
     p.add_argument("--threads", type=at_least(1), default=None,
@@ -31,7 +33,16 @@ def add(sub) -> None:
     p.add_argument("--no-eagle", action="store_true", help="skip the EAGLE head engine")
     p.add_argument("--engines", default=None, metavar="A,B",
                    help="only engines whose name contains one of these (e.g. "
-                   "'plain,qdraft,assisted int8'; default: all)")
+                   "'plain,qdraft,assisted int8'; default: all); a tree or chain not in the "
+                   "list is added by its name: 'eagle tree 4,1,1,1' (branching per depth, as "
+                   "generate --tree; a comma before a digit stays in the name), 'lookup tree "
+                   "3x4' (3 matches, depth 4), 'eagle K=16'; suffixes ' iid' (siblings drawn "
+                   "i.i.d.) and ' traversal'")
+    p.add_argument("--trees", action="store_true",
+                   help="trees against chains at equal verify width instead of the default "
+                   "engines: plain, and per drafter (EAGLE head, prompt lookup) trees of 6, 8 "
+                   "and 16 nodes, the chains K=6, 8, 16 and K=4; writes the tree table, the "
+                   "probed width cost w(N+1) and OUT/trees.png (no K sweep, no batch)")
     p.add_argument("--modes", default=None, metavar="M,N",
                    help="sampling modes among greedy, t1, t0.7p0.9 (default: all; quick: 2)")
     p.add_argument("--workloads", default=None, metavar="W,X",
@@ -44,6 +55,16 @@ def add(sub) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if "
                    "available, else cpu)")
     p.set_defaults(run=run)
+
+
+def _split(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def split_engines(text: str) -> list[str]:
+    """--engines items: split at a comma that a name follows, never inside a tree's
+    branching ('plain,eagle tree 4,1,1,1' -> ['plain', 'eagle tree 4,1,1,1'])."""
+    return [x.strip() for x in re.split(r",(?=\s*[^\d\s])", text) if x.strip()]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,9 +93,11 @@ def run(args: argparse.Namespace) -> int:
         cfg.rounds = args.rounds
     if args.draft_layers is not None:
         cfg.draft_layers = args.draft_layers
+    cfg.trees = args.trees
     for flag in ("engines", "modes", "workloads"):
         if getattr(args, flag) is not None:
-            setattr(cfg, flag, [x.strip() for x in getattr(args, flag).split(",") if x.strip()])
+            split = split_engines if flag == "engines" else _split
+            setattr(cfg, flag, split(getattr(args, flag)))
     known = {"modes": list(MODES), "workloads": [w.name for w in load_workloads()]}
     for flag, names in known.items():  # checked before the model loads, each in one line
         bad = [x for x in getattr(cfg, flag) or [] if x not in names] if getattr(args, flag) else []

@@ -1,0 +1,206 @@
+"""Token trees against chains in `exactspec bench`: the engines at equal verify width, their
+names, and the summary that says where a tree pays on this machine.
+
+A tree of N nodes and a chain of K = N draft tokens both make the target score N + 1 positions
+in one forward (the verify width). On a GPU that forward costs about one one-token step; on a
+CPU it costs w(N+1) of them (`exactspec/bench/width_cost.py`), so a step is worth
+
+    speed / plain ~ acceptance length / (w(N+1) + draft cost per step)
+
+with the draft cost in target steps: (draft forwards per step) x c, c = one draft forward /
+one target step. A tree buys acceptance length with width; it pays where its acceptance
+length over the chain's at the same width beats the chain's depth advantage, and where w and
+the tree's draft forwards (one per depth, each over that depth's nodes) stay cheap.
+
+Engine names (usable with `exactspec bench --engines`): "eagle tree 4,1,1,1" (branching per
+depth, as `exactspec generate --tree`), "lookup tree 3x4" (3 matches of depth 4), optional
+" iid" (siblings drawn i.i.d.) and " traversal" (traversal verification) suffixes, and any chain
+"eagle K=16".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from exactspec.bench.engines import EngineSpec
+from exactspec.sampling import branching_parents
+
+# drafter key (EngineSpec.drafter) -> the words engine names use for it
+DRAFTER_WORDS = {"eagle": "eagle", "lookup": "lookup", "draft": "draft",
+                 "int8-torch": "qdraft int8 torch", "int4-torch": "qdraft int4 torch"}
+# the compared trees per drafter; each is run against the chain of as many draft tokens
+TREE_SETS: dict[str, tuple[tuple[int, ...], ...]] = {
+    "eagle": ((2, 1, 1), (2, 1, 1, 1), (4, 1, 1, 1)),  # 6, 8 and 16 nodes
+    "lookup": ((2, 1, 1), (2, 1, 1, 1), (4, 1, 1, 1)),  # 2x3, 2x4, 4x4 matches
+}
+REFERENCE_KS = (4, 6)  # the chains' usual K, run for reference
+POINT_MASS = {"lookup", "suffix"}  # drafters that propose without a model forward
+
+_NAME = re.compile(
+    r"^(?:exactspec )?(?P<d>" + "|".join(sorted(map(re.escape, DRAFTER_WORDS.values()),
+                                                key=len, reverse=True)) + r") "
+    r"(?:tree (?:(?P<m>\d+)x(?P<depth>\d+)|(?P<tree>\d+(?:,\d+)*))|K=(?P<k>\d+))"
+    r"(?P<iid> iid)?(?P<traversal> traversal)?$")
+
+
+def tree_name(drafter: str, tree: tuple[int, ...], siblings: str = "without_replacement",
+              verify: str = "token") -> str:
+    """The engine name of a tree: 'exactspec eagle tree 4,1,1,1', 'exactspec lookup tree 3x4'."""
+    shape = (f"{tree[0]}x{len(tree)}" if drafter == "lookup"
+             else ",".join(map(str, tree)))
+    name = f"exactspec {DRAFTER_WORDS[drafter]} tree {shape}"
+    name += " iid" if siblings == "iid" else ""
+    return name + (" traversal" if verify == "traversal" else "")
+
+
+def tree_spec(drafter: str, tree: tuple[int, ...], *, siblings: str = "without_replacement",
+              verify: str = "token") -> EngineSpec:
+    """A tree engine; traversal verification runs in sampling modes only (greedy: the same)."""
+    return EngineSpec(tree_name(drafter, tree, siblings, verify), "exactspec", drafter, 0,
+                      verify, tree=tuple(tree), siblings=siblings,
+                      sampling_only=verify == "traversal")
+
+
+def chain_spec(drafter: str, k: int) -> EngineSpec:
+    """A chain engine, named as the default engines name it ('exactspec eagle K=8')."""
+    return EngineSpec(f"exactspec {DRAFTER_WORDS[drafter]} K={k}", "exactspec", drafter, k)
+
+
+def tree_engines(sets: dict[str, tuple[tuple[int, ...], ...]] | None = None) -> list[EngineSpec]:
+    """exactspec plain, and per drafter its trees, the chain of as many draft tokens as each
+    tree has nodes (equal verify width) and the chains of REFERENCE_KS."""
+    out = [EngineSpec("exactspec plain", "exactspec", "none")]
+    for drafter, trees in (sets or TREE_SETS).items():
+        ks = sorted(set(REFERENCE_KS) | {len(branching_parents(t)) for t in trees})
+        out += [chain_spec(drafter, k) for k in ks]
+        out += [tree_spec(drafter, t) for t in trees]
+    return out
+
+
+def engine_from_name(text: str) -> EngineSpec | None:
+    """The engine a name spells ('eagle tree 3,2,1', 'lookup tree 3x4 traversal',
+    'eagle K=16'), or None when it spells none of these forms."""
+    m = _NAME.match(text.strip())
+    if m is None:
+        return None
+    drafter = next(k for k, v in DRAFTER_WORDS.items() if v == m["d"])
+    if m["k"] is not None:
+        return None if m["iid"] or m["traversal"] else chain_spec(drafter, int(m["k"]))
+    if m["m"] is not None:
+        if drafter != "lookup":
+            return None
+        tree = (int(m["m"]),) + (1,) * (int(m["depth"]) - 1)
+    else:
+        tree = tuple(int(b) for b in m["tree"].split(","))
+    return tree_spec(drafter, tree, siblings="iid" if m["iid"] else "without_replacement",
+                     verify="traversal" if m["traversal"] else "token")
+
+
+def with_named(specs: list[EngineSpec], names: list[str] | None) -> list[EngineSpec]:
+    """`specs` plus every name in `names` that no spec's name contains but that spells an
+    engine (engine_from_name): a user asks for any tree or chain by its name."""
+    out = list(specs)
+    for text in names or []:
+        if any(text in s.name for s in out):
+            continue
+        spec = engine_from_name(text)
+        if spec is not None:
+            out.append(spec)
+    return out
+
+
+def draft_forwards(spec: EngineSpec) -> int | None:
+    """Draft model forwards per step: one per tree depth or chain token; 0 for point masses."""
+    if spec.drafter in POINT_MASS:
+        return 0
+    return spec.draft_forwards
+
+
+def compared(specs: list[EngineSpec]) -> list[EngineSpec]:
+    """The engines of the tree table: plain, and for every drafter with a tree engine its
+    trees and its fixed-K chains (token verification)."""
+    drafters = {s.drafter for s in specs if s.tree is not None}
+    return [s for s in specs if (s.drafter == "none" and s.family == "exactspec")
+            or (s.drafter in drafters and s.family == "exactspec"
+                and (s.tree is not None or (isinstance(s.k, int) and s.verify == "token")))]
+
+
+def summarise(specs: list[EngineSpec], rows: list[dict], grounded: dict[str, bool],
+              width_ms: dict[int, float]) -> list[dict]:
+    """One row per (engine, mode, workload group) of the compared engines, pooled over the
+    group's workloads: acceptance length, speed, the width cost w (in the run, and probed:
+    width_ms {width: ms} from width_cost.time_widths), the draft cost and the predicted speed
+    acc / (w(N+1) + draft cost). `rows`: the bench's per-workload result rows."""
+    by = {(r["engine"], r["mode"], r["workload"]): r for r in rows}
+    out = []
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    groups: dict[str, list[str]] = {}
+    for w in dict.fromkeys(r["workload"] for r in rows):
+        groups.setdefault("grounded" if grounded.get(w) else "open-ended", []).append(w)
+    t1 = width_ms.get(1)
+    for mode in modes:
+        for group, wls in groups.items():
+            plain = [by[k] for w in wls if (k := ("exactspec plain", mode, w)) in by]
+            plain_step = _per_step(plain, "target_forward")
+            for s in compared(specs):
+                mine = [by[k] for w in wls if (k := (s.name, mode, w)) in by]
+                if mine:
+                    out.append(_group_row(s, mode, group, mine, plain_step, width_ms, t1))
+    _pair_with_chains(out)
+    return out
+
+
+def _per_step(rows: list[dict], part: str) -> float | None:
+    """Seconds of `part` of the time split per target forward, pooled over rows."""
+    steps = sum(r.get("steps") or 0 for r in rows)
+    secs = sum(r["seconds"] * (r.get("time_split") or {}).get(part, 0.0) for r in rows)
+    return secs / steps if steps and secs > 0 else None
+
+
+def _geomean(xs: list) -> float | None:
+    xs = [x for x in xs if x]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def _group_row(s: EngineSpec, mode: str, group: str, mine: list[dict],
+               plain_step: float | None, width_ms: dict[int, float], t1: float | None) -> dict:
+    steps = sum(r.get("steps") or 0 for r in mine)
+    width = s.verify_width or 1
+    fwd = 0 if s.drafter == "none" else draft_forwards(s)
+    draft_step = _per_step(mine, "draft")
+    target_step = _per_step(mine, "target_forward")
+    d = draft_step / plain_step if draft_step and plain_step else 0.0  # in target steps
+    w_probe = width_ms[width] / t1 if t1 and width in width_ms else None
+    acc = sum(r["tokens"] for r in mine) / steps if steps else None
+    return {
+        "engine": s.name, "drafter": s.drafter, "mode": mode, "group": group,
+        "workloads": [r["workload"] for r in mine],
+        "shape": "plain" if s.drafter == "none" else "tree" if s.tree else "chain",
+        "tree": list(s.tree) if s.tree else None, "k": s.k if s.tree is None else None,
+        "draft_nodes": s.draft_nodes or 0, "verify_width": width, "draft_forwards": fwd,
+        "mean_acceptance_length": acc,
+        "nodes_per_step": sum(r.get("drafted") or 0 for r in mine) / steps if steps else None,
+        "tokens_per_second": _geomean([r["tokens_per_second"] for r in mine]),
+        "ratio_to_plain": _geomean([r.get("ratio_to_plain") for r in mine]),
+        "width_cost_run": target_step / plain_step if target_step and plain_step else None,
+        "width_cost": w_probe,  # w(N+1) = t(N+1) / t(1), probed at a fixed context
+        "c_per_forward": d / fwd if fwd else None,
+        "draft_cost": d,  # draft seconds per step / plain's target step
+        "predicted": acc / (w_probe + d) if acc and w_probe else None,
+    }
+
+
+def _pair_with_chains(rows: list[dict]) -> None:
+    """A tree row gets its acceptance length and speed over the chain of as many draft tokens
+    (same drafter, mode and group): the comparison at equal verify width."""
+    chains = {(r["drafter"], r["mode"], r["group"], r["draft_nodes"]): r
+              for r in rows if r["shape"] == "chain"}
+    for r in rows:
+        c = chains.get((r["drafter"], r["mode"], r["group"], r["draft_nodes"]))
+        ok = r["shape"] == "tree" and c is not None
+        r["equal_width_chain"] = c["engine"] if ok else None
+        r["acc_over_chain"] = (r["mean_acceptance_length"] / c["mean_acceptance_length"]
+                               if ok and c["mean_acceptance_length"] else None)
+        r["speed_over_chain"] = (r["tokens_per_second"] / c["tokens_per_second"]
+                                 if ok and c["tokens_per_second"] else None)
