@@ -209,15 +209,16 @@ class Bench:
         return result
 
     def _trees(self, rows: list[dict]) -> dict | None:
-        """The tree-vs-chain table (bench/trees.py) when a tree engine ran: w(N+1) probed at
-        every compared verify width with width_cost.time_widths, then the pooled rows."""
+        """The tree-vs-chain table (bench/trees.py) when a tree engine ran: w probed at widths
+        1 .. the widest compared one with width_cost.time_widths, then the pooled rows."""
         specs = compared(self.specs)
         if not any(s.tree for s in specs):
             return None
         from exactspec.bench.width_cost import time_widths
         from exactspec.models.adapter import TargetAdapter
 
-        widths = sorted({1} | {s.verify_width for s in specs if s.verify_width})
+        # every width up to the widest: a chain's mean scored width falls between them
+        widths = list(range(1, max(s.verify_width or 1 for s in specs) + 1))
         adapter = TargetAdapter(self.target.model)
         context = max(1, min(self.cfg.width_cost_context, adapter.max_context - widths[-1] - 1))
         ms = time_widths(adapter, widths, 1, context, self.cfg.width_cost_repeats)

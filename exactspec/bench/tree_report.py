@@ -5,17 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-COLUMNS = ["engine", "mode", "group", "width", "draft fwd", "acc len", "nodes/step", "tok/s",
-           "x plain", "w run", "w(width)", "c/fwd", "draft/step", "predicted", "vs chain acc",
-           "vs chain speed"]
+COLUMNS = ["engine", "mode", "group", "width", "scored", "draft fwd", "acc len", "nodes/step",
+           "tok/s", "x plain", "w run", "w(scored)", "c/fwd", "draft/step", "predicted",
+           "vs chain acc", "vs chain speed"]
 
-NOTE = ("trees against chains: width = positions one verify forward scores (tree nodes or K, "
-        "+ 1); draft fwd = draft model forwards per step (one per tree depth or chain token; "
+NOTE = ("trees against chains: width = positions one verify forward is sized for (tree nodes "
+        "or K, + 1); scored = positions it really scored, mean per step (a tree all of its "
+        "slots, used or not; a chain 1 + the tokens drafted); draft fwd = draft model forwards per step (one per tree depth or chain token; "
         "0 for point masses); acc len = tokens per target forward; nodes/step = draft nodes "
-        "that held a token; w run = the run's target forward per step / plain's; w(width) = "
-        "t(width) / t(1) probed at a fixed context (bench/width_cost.py); c/fwd = one draft "
+        "that held a token; w run = the run's target forward per step / plain's; w(scored) = "
+        "t(scored) / t(1) probed at a fixed context (bench/width_cost.py, linear between "
+        "widths); c/fwd = one draft "
         "forward / plain's target step; draft/step = draft time per step in plain target "
-        "steps; predicted = acc len / (w(width) + draft/step); vs chain: over the chain of "
+        "steps; predicted = acc len / (w(scored) + draft/step); vs chain: over the chain of "
         "as many draft tokens (equal width). x plain and tok/s: geometric means over the "
         "group's workloads; acc len, w, c pooled.")
 
@@ -25,7 +27,8 @@ def _f(x, fmt: str = "{:.2f}") -> str:
 
 
 def tree_table_rows(rows: list[dict]) -> list[list[str]]:
-    return [[r["engine"], r["mode"], r["group"], str(r["verify_width"]), str(r["draft_forwards"]),
+    return [[r["engine"], r["mode"], r["group"], str(r["verify_width"]),
+             _f(r["scored_width"], "{:.1f}"), str(r["draft_forwards"]),
              _f(r["mean_acceptance_length"]), _f(r["nodes_per_step"], "{:.1f}"),
              _f(r["tokens_per_second"], "{:.1f}"), _f(r["ratio_to_plain"]),
              _f(r["width_cost_run"]), _f(r["width_cost"]), _f(r["c_per_forward"]),

@@ -131,14 +131,13 @@ def summarise(specs: list[EngineSpec], rows: list[dict], grounded: dict[str, boo
     """One row per (engine, mode, workload group) of the compared engines, pooled over the
     group's workloads: acceptance length, speed, the width cost w (in the run, and probed:
     width_ms {width: ms} from width_cost.time_widths), the draft cost and the predicted speed
-    acc / (w(N+1) + draft cost). `rows`: the bench's per-workload result rows."""
+    acc / (w(scored width) + draft cost). `rows`: the bench's per-workload result rows."""
     by = {(r["engine"], r["mode"], r["workload"]): r for r in rows}
     out = []
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     groups: dict[str, list[str]] = {}
     for w in dict.fromkeys(r["workload"] for r in rows):
         groups.setdefault("grounded" if grounded.get(w) else "open-ended", []).append(w)
-    t1 = width_ms.get(1)
     for mode in modes:
         for group, wls in groups.items():
             plain = [by[k] for w in wls if (k := ("exactspec plain", mode, w)) in by]
@@ -146,7 +145,7 @@ def summarise(specs: list[EngineSpec], rows: list[dict], grounded: dict[str, boo
             for s in compared(specs):
                 mine = [by[k] for w in wls if (k := (s.name, mode, w)) in by]
                 if mine:
-                    out.append(_group_row(s, mode, group, mine, plain_step, width_ms, t1))
+                    out.append(_group_row(s, mode, group, mine, plain_step, width_ms))
     _pair_with_chains(out)
     return out
 
@@ -163,15 +162,31 @@ def _geomean(xs: list) -> float | None:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
+def width_cost_at(width_ms: dict[int, float], width: float) -> float | None:
+    """w(width) = t(width) / t(1) from the probe, linear between the probed widths (a chain's
+    mean scored width is fractional); None outside them or without t(1)."""
+    t1, ws = width_ms.get(1), sorted(width_ms)
+    if not t1 or not ws or not ws[0] <= width <= ws[-1]:
+        return None
+    hi = next(w for w in ws if w >= width)
+    lo = max(w for w in ws if w <= width)
+    f = 0.0 if hi == lo else (width - lo) / (hi - lo)
+    return ((1 - f) * width_ms[lo] + f * width_ms[hi]) / t1
+
+
 def _group_row(s: EngineSpec, mode: str, group: str, mine: list[dict],
-               plain_step: float | None, width_ms: dict[int, float], t1: float | None) -> dict:
+               plain_step: float | None, width_ms: dict[int, float]) -> dict:
     steps = sum(r.get("steps") or 0 for r in mine)
     width = s.verify_width or 1
     fwd = 0 if s.drafter == "none" else draft_forwards(s)
     draft_step = _per_step(mine, "draft")
     target_step = _per_step(mine, "target_forward")
     d = draft_step / plain_step if draft_step and plain_step else 0.0  # in target steps
-    w_probe = width_ms[width] / t1 if t1 and width in width_ms else None
+    nodes = sum(r.get("drafted") or 0 for r in mine) / steps if steps else 0.0
+    # positions a verify forward really scored (one row a run): a tree all N + 1 slots, used
+    # or not; a chain 1 + the tokens it drafted (prompt lookup often finds fewer than K)
+    scored = width if s.tree is not None else 1 + nodes
+    w_probe = width_cost_at(width_ms, scored)
     acc = sum(r["tokens"] for r in mine) / steps if steps else None
     return {
         "engine": s.name, "drafter": s.drafter, "mode": mode, "group": group,
@@ -180,11 +195,12 @@ def _group_row(s: EngineSpec, mode: str, group: str, mine: list[dict],
         "tree": list(s.tree) if s.tree else None, "k": s.k if s.tree is None else None,
         "draft_nodes": s.draft_nodes or 0, "verify_width": width, "draft_forwards": fwd,
         "mean_acceptance_length": acc,
-        "nodes_per_step": sum(r.get("drafted") or 0 for r in mine) / steps if steps else None,
+        "nodes_per_step": nodes if steps else None,
+        "scored_width": scored if steps else None,
         "tokens_per_second": _geomean([r["tokens_per_second"] for r in mine]),
         "ratio_to_plain": _geomean([r.get("ratio_to_plain") for r in mine]),
         "width_cost_run": target_step / plain_step if target_step and plain_step else None,
-        "width_cost": w_probe,  # w(N+1) = t(N+1) / t(1), probed at a fixed context
+        "width_cost": w_probe,  # w(scored width) = t / t(1), probed at a fixed context
         "c_per_forward": d / fwd if fwd else None,
         "draft_cost": d,  # draft seconds per step / plain's target step
         "predicted": acc / (w_probe + d) if acc and w_probe else None,

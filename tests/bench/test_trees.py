@@ -17,7 +17,13 @@ from exactspec.bench import (
     format_report,
     write_plots,
 )
-from exactspec.bench.trees import chain_spec, engine_from_name, tree_engines, tree_spec
+from exactspec.bench.trees import (
+    chain_spec,
+    engine_from_name,
+    tree_engines,
+    tree_spec,
+    width_cost_at,
+)
 from exactspec.cli.bench import split_engines
 from exactspec.drafters import PromptLookup
 from exactspec.drafters.eagle import EagleDrafter
@@ -129,7 +135,7 @@ def test_engines_score_the_width_they_report(model, head):
 def test_tree_table_pools_the_rows_and_pairs_equal_widths(result, tmp_path):
     trees = result["trees"]
     w = trees["width_cost"]
-    assert sorted(w["ms"]) == [1, 5, 7] and w["w"][1] == 1.0  # plain, widths 5 (K=4) and 7
+    assert sorted(w["ms"]) == list(range(1, 8)) and w["w"][1] == 1.0  # up to K=6's width 7
     rows = trees["rows"]
     by = {(r["engine"], r["mode"], r["group"]): r for r in rows}
     assert {r["group"] for r in rows} == {"open-ended", "grounded"}
@@ -138,7 +144,10 @@ def test_tree_table_pools_the_rows_and_pairs_equal_widths(result, tmp_path):
                and x["mode"] == r["mode"] and x["workload"] in r["workloads"]]
         assert r["mean_acceptance_length"] == pytest.approx(
             sum(x["tokens"] for x in src) / sum(x["steps"] for x in src))
-        assert r["width_cost"] == pytest.approx(w["ms"][r["verify_width"]] / w["ms"][1])
+        # a tree scores all its slots; a chain (one row) 1 + what it drafted
+        scored = r["verify_width"] if r["shape"] == "tree" else 1 + r["nodes_per_step"]
+        assert r["scored_width"] == pytest.approx(scored) and scored <= r["verify_width"]
+        assert r["width_cost"] == pytest.approx(width_cost_at(w["ms"], scored))
         assert r["predicted"] == pytest.approx(
             r["mean_acceptance_length"] / (r["width_cost"] + r["draft_cost"]))
         if r["shape"] == "tree":  # paired with the chain of as many draft tokens
@@ -153,10 +162,17 @@ def test_tree_table_pools_the_rows_and_pairs_equal_widths(result, tmp_path):
     assert not result["sweep"] and not result["batch"]  # the comparison sweeps the width
     text = format_report(result, markdown=True)
     assert "trees against chains at equal verify width" in text
-    assert "| exactspec eagle tree 2,1 | t1 | grounded | 5 | 2 |" in text
+    assert "| exactspec eagle tree 2,1 | t1 | grounded | 5 | 5.0 | 2 |" in text
     names = [p.name for p in write_plots(result, tmp_path)]
     assert names == ["tokens_per_second.png", "acceptance_by_position.png", "trees.png"]
     assert (tmp_path / "trees.png").stat().st_size > 1000
+
+
+def test_width_cost_is_interpolated_between_probed_widths():
+    ms = {1: 10.0, 2: 14.0, 4: 20.0}
+    assert width_cost_at(ms, 1) == 1.0 and width_cost_at(ms, 2) == pytest.approx(1.4)
+    assert width_cost_at(ms, 3) == pytest.approx(1.7) and width_cost_at(ms, 3.5) == pytest.approx(1.85)
+    assert width_cost_at(ms, 5) is None and width_cost_at({2: 1.0}, 2) is None
 
 
 def test_engine_names_round_trip_and_split():
