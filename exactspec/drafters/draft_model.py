@@ -20,8 +20,10 @@ class DraftModel:
     the distribution the token was drawn from. The draft keeps its own KV cache; rejected drafts
     are dropped at the next `propose` by keeping only the cached prefix that agrees with the
     context. `model`: an exactspec Model or a transformers causal LM. `tree=(3, 2, 1)` drafts a
-    token tree instead (branching per depth, siblings drawn as `siblings`; greedy batches take
-    the top-k), one draft forward per depth.
+    token tree instead (branching per depth, siblings drawn as `siblings`, default
+    "without_replacement"; greedy batches take the top-k), one draft forward per depth;
+    `tree=DynamicTree(node_budget=16)` grows a dynamic tree where the draft is confident
+    (EAGLE-2's top-k children with siblings="deterministic"; exactspec/drafters/dynamic_tree.py).
     """
 
     hidden_layers = None  # needs no target features

@@ -56,7 +56,8 @@ class EagleDrafter:
                  siblings: str = "without_replacement") -> None:
         from exactspec.drafters.tree_draft import check_tree
 
-        # branching per depth (None: chains; exactspec/drafters/tree_draft.py) and siblings
+        # branching per depth or a DynamicTree (None: chains; drafters/tree_draft.py,
+        # drafters/dynamic_tree.py) and how siblings are drawn
         self.tree, self.siblings = check_tree(tree, siblings)
         self.head = head.eval()  # the trained layer; frozen parts attached from the target
         self.hidden_layers = tuple(head.config.hidden_layers)
@@ -121,7 +122,7 @@ class EagleDrafter:
         self._o_last = self._o_last[rows]
 
     def propose_tree(self, context: DraftContext, max_depth: torch.Tensor):
-        """The head drafting the tree of `self.tree` (exactspec/drafters/tree_draft.py)."""
+        """The head drafting the tree of `self.tree`, fixed or dynamic (drafters/tree_draft.py)."""
         from exactspec.drafters.tree_draft import eagle_tree
 
         return eagle_tree(self, context, max_depth)
@@ -262,15 +263,17 @@ def shipped_names() -> list[str]:
     return sorted(p.name for p in WEIGHTS_DIR.iterdir() if (p / CONFIG_FILE).is_file())
 
 
-def load_drafter(name_or_path: str | os.PathLike[str], target=None) -> EagleDrafter:
+def load_drafter(name_or_path: str | os.PathLike[str], target=None, *, tree=None,
+                 siblings: str = "without_replacement") -> EagleDrafter:
     """The shipped head for an embedded name (e.g. "smollm2-135m"), or a trained head directory.
 
     `target` (an exactspec Model or transformers model) shares its frozen parts now; without
-    it the drafter attaches at `begin` (see the module docstring).
+    it the drafter attaches at `begin` (see the module docstring). `tree` / `siblings` as for
+    EagleDrafter: a fixed tree (3, 2, 1) or DynamicTree(node_budget=16).
     """
     text = os.fspath(name_or_path)
     path = WEIGHTS_DIR / text if text in shipped_names() else Path(text).expanduser()
     if not path.is_dir():
         raise InvalidValue(f"no draft head {text!r}: use an embedded name with a shipped head "
                          f"{shipped_names()} or a directory written by `exactspec train-draft`")
-    return EagleDrafter(load_head(path), target, name=text)
+    return EagleDrafter(load_head(path), target, name=text, tree=tree, siblings=siblings)

@@ -27,6 +27,7 @@ import torch
 from exactspec.drafters.base import DraftContext, TargetInfo
 from exactspec.drafters.draft_model import DraftModel
 from exactspec.drafters.gguf_draft import GgufDraft, llama_cpp_available, unload
+from exactspec.drafters.tree_draft import check_tree
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.models.adapter import TargetAdapter, unwrap_model
 from exactspec.models.lean import LeanLlama, lean_forward_for
@@ -46,14 +47,16 @@ class QuantizedDraft(DraftModel):
     the draft keeps (None = all; layer skipping, LayerSkip / SWIFT style, torch only; on
     smollm2-135m it drafts badly, see the README). backend: "torch", "llama.cpp", or "auto"
     (llama.cpp when the optional llama-cpp-python package is installed and the options allow
-    it, else torch). Only Llama-architecture targets are supported; others are refused at
-    `begin`.
+    it, else torch). tree / siblings: token trees as for DraftModel, fixed (3, 2, 1) or
+    DynamicTree(node_budget=16); torch backend only ("auto" then picks torch). Only
+    Llama-architecture targets are supported; others are refused at `begin`.
     """
 
     hidden_layers = None  # needs no target features
 
     def __init__(self, bits: int = 8, layers: Sequence[int] | None = None, *,
-                 group_size: int = 32, backend: str = "auto") -> None:
+                 group_size: int = 32, backend: str = "auto", tree=None,
+                 siblings: str = "without_replacement") -> None:
         if isinstance(bits, bool) or not isinstance(bits, int):
             raise InvalidType(f"bits must be an int (8, 4 or 16), got {type(bits).__name__}")
         if bits not in BITS:
@@ -71,6 +74,11 @@ class QuantizedDraft(DraftModel):
             raise InvalidValue(f"group_size={group_size!r} must be 32, 64, 128 or 256")
         if backend not in BACKENDS:
             raise InvalidValue(f"backend={backend!r} must be one of {list(BACKENDS)}")
+        # branching per depth or a DynamicTree (None: chains) and how siblings are drawn
+        self.tree, self.siblings = check_tree(tree, siblings)
+        if self.tree is not None and backend == "llama.cpp":
+            raise InvalidValue(f"backend='llama.cpp' drafts chains only; tree={self.tree!r} "
+                               "needs backend='torch' (or 'auto', which picks torch for trees)")
         if backend == "llama.cpp":
             if bits not in GGUF_TYPES or layers is not None or group_size != 32:
                 raise InvalidValue(
@@ -83,7 +91,8 @@ class QuantizedDraft(DraftModel):
         self._auto = backend == "auto"  # resolved again at begin for a target not on the CPU
         if backend == "auto":
             backend = "llama.cpp" if (llama_cpp_available() and bits in GGUF_TYPES
-                                      and layers is None and group_size == 32) else "torch"
+                                      and layers is None and group_size == 32
+                                      and self.tree is None) else "torch"
         self.backend = backend  # "torch" | "llama.cpp", resolved
         self.bits = bits  # weight bits of the copy
         self.fmt = BITS[bits]  # its weight format
@@ -103,7 +112,8 @@ class QuantizedDraft(DraftModel):
 
     def __repr__(self) -> str:
         layers = "" if self.layers is None else f", layers={list(self.layers)}"
-        return f"QuantizedDraft(bits={self.bits}{layers}, backend={self.backend!r})"
+        tree = "" if self.tree is None else f", tree={self.tree}, siblings={self.siblings!r}"
+        return f"QuantizedDraft(bits={self.bits}{layers}, backend={self.backend!r}{tree})"
 
     def begin(self, context: DraftContext, target: TargetInfo) -> None:
         model = target.model

@@ -10,10 +10,12 @@ q (or none for point masses), which is what makes verification lossless.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
 from exactspec.drafters.base import DraftContext
+from exactspec.drafters.dynamic_tree import DynamicTree, grow
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.models.tree_attention import extend_at
 from exactspec.sampling import (
@@ -27,15 +29,18 @@ from exactspec.sampling import (
 from exactspec.sampling.tree import tree_shape
 
 
-def check_tree(tree, siblings: str) -> tuple[tuple[int, ...] | None, str]:
-    """Validate a drafter's `tree=` (branching per depth) and `siblings=` arguments."""
+def check_tree(tree, siblings: str) -> tuple[tuple[int, ...] | DynamicTree | None, str]:
+    """Validate a drafter's `tree=` (branching per depth, a DynamicTree, or "dynamic" /
+    "dynamic:16" for one) and `siblings=` arguments."""
     if siblings not in SIBLING_KINDS:
         raise InvalidValue(f"siblings={siblings!r} must be one of {', '.join(SIBLING_KINDS)}")
-    if tree is None:
-        return None, siblings
+    if isinstance(tree, str) and tree.startswith("dynamic"):
+        tree = DynamicTree() if tree == "dynamic" else DynamicTree.parse(tree)
+    if tree is None or isinstance(tree, DynamicTree):
+        return tree, siblings
     if isinstance(tree, int | str) or not isinstance(tree, Sequence):
         raise InvalidType(f"tree={tree!r} must be a sequence of branching factors, one per "
-                          "depth, e.g. tree=(3, 2, 1)")
+                          "depth, e.g. tree=(3, 2, 1), or DynamicTree(node_budget=16)")
     branching_parents(tree)  # raises InvalidValue on zeros and non-ints
     return tuple(tree), siblings
 
@@ -83,7 +88,15 @@ def draft_model_tree(drafter, context: DraftContext, max_depth: torch.Tensor) ->
     def expand(tokens, nodes, depth, anc):
         return _level_forward(ad, tokens, nodes, start, depth, anc)
 
-    tree = grow_tree(context, drafter.tree, drafter.siblings, max_depth, root_logits, expand)
+    if isinstance(drafter.tree, DynamicTree):
+        def expand_dynamic(tokens, slots, depth, anc):  # -> [B, M, V]
+            out = _level_forward(ad, tokens, slots, start, depth, anc)
+            return torch.stack([out[int(i)] for i in slots.tolist()], 1)
+
+        tree = grow(context, drafter.tree, drafter.siblings, max_depth, root_logits,
+                    expand_dynamic)
+    else:
+        tree = grow_tree(context, drafter.tree, drafter.siblings, max_depth, root_logits, expand)
     # tree slots hold no chain: the next propose must not keep them as an agreeing prefix
     pos = torch.arange(drafter._fed.shape[1], device=dev)[None, :]
     drafter._fed = torch.where(pos < start[:, None], drafter._fed, -1)
@@ -150,6 +163,11 @@ def eagle_tree(drafter, context: DraftContext, max_depth: torch.Tensor) -> Draft
     s = real - 1  # last real position (-1: a one-token row, nothing to draft)
     slots = torch.arange(drafter._k.shape[2], device=dev)
     seen = slots[None, :] < real[:, None]  # [B, S]
+    cap = torch.where(s >= 0, max_depth, 0)
+    if isinstance(drafter.tree, DynamicTree):
+        root = full_logits(head, head.logits(drafter._o_last))  # [B, V]
+        return grow(context, drafter.tree, drafter.siblings, cap, root,
+                    partial(_eagle_frontier, drafter, s, seen, {}))
     n = len(branching_parents(drafter.tree))
     g_node: dict[int, torch.Tensor] = {}  # node -> head output after it [B, H]
     keys: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # node -> (k, v) [B, h, d]
@@ -176,13 +194,49 @@ def eagle_tree(drafter, context: DraftContext, max_depth: torch.Tensor) -> Draft
         return out
 
     root = full_logits(head, head.logits(drafter._o_last))  # [B, V]
-    cap = torch.where(s >= 0, max_depth, 0)
     return grow_tree(context, drafter.tree, drafter.siblings, cap, root, expand)
+
+
+def _eagle_frontier(drafter, s: torch.Tensor, seen: torch.Tensor, state: dict,
+                    tokens: torch.Tensor, slots: torch.Tensor, depth: int,
+                    anc: torch.Tensor) -> torch.Tensor:  # [B, M, V]
+    """The head after a dynamic tree's frontier `slots` (all at `depth`): s [B] last real
+    position, seen [B, S] real slots, state the frontier's head outputs and keys so far,
+    tokens [B, F], anc [B, F, F] (dynamic_tree.Expand)."""
+    from exactspec.drafters.eagle import full_logits
+    from exactspec.drafters.eagle_head import attend
+
+    head = drafter.head
+    bsz, f = tokens.shape
+    m = slots.numel()
+    k = m  # frontier width: slots (depth - 1) * k .. depth * k - 1
+    if not state:
+        hid, c = drafter._o_last.shape[-1], head.config
+        state["g"] = drafter._o_last.new_zeros(bsz, f, hid)  # [B, F, H] output after a slot
+        state["k"] = drafter._k.new_zeros(bsz, c.num_heads, f, c.head_dim)  # [B, h, F, d]
+        state["v"] = torch.zeros_like(state["k"])
+    # path[b, j, e] = the frontier slot at depth e + 1 on slot j's path (the slot itself last)
+    blocks = anc[:, slots].reshape(bsz, m, f // k, k)[:, :, :depth]  # [B, M, depth, k]
+    path = blocks.float().argmax(-1) + torch.arange(depth, device=s.device) * k  # [B, M, depth]
+    rows = torch.arange(bsz, device=s.device)[:, None]
+    g_par = drafter._o_last[:, None].expand(-1, m, -1) if depth == 1 else \
+        state["g"][rows, path[:, :, depth - 2]]  # [B, M, H]
+    pos = (s + depth)[:, None].expand(-1, m)
+    x, qh, kh, vh = head.qkv(g_par, tokens[:, slots].clamp(min=0), pos)  # [B, h, M, d]
+    state["k"][:, :, slots], state["v"][:, :, slots] = kh, vh
+    idx = path[:, None, :, :, None].expand(-1, kh.shape[1], -1, -1, kh.shape[-1])
+    k_extra = state["k"][:, :, None].expand(-1, -1, m, -1, -1).gather(3, idx)  # [B, h, M, D, d]
+    v_extra = state["v"][:, :, None].expand(-1, -1, m, -1, -1).gather(3, idx)
+    a = attend(qh, drafter._k, drafter._v, seen[:, None, :].expand(-1, m, -1), k_extra, v_extra)
+    o = head.finish(x, a)  # [B, M, H]
+    state["g"][:, slots] = o
+    return full_logits(head, head.logits(o.reshape(bsz * m, -1))).reshape(bsz, m, -1)
 
 
 def _level_forward(ad, tokens: torch.Tensor, nodes: torch.Tensor, start: torch.Tensor,
                    depth: int, anc: torch.Tensor) -> dict[int, torch.Tensor]:
-    """The draft's logits after each of `nodes` (all at `depth`): {node: [B, V]}."""
+    """The draft's logits after each of `nodes` (all at `depth`): {node: [B, V]}. anc [N, N]
+    (one shape for every row) or [B, N, N] (a dynamic tree's frontier, per row)."""
     bsz = tokens.shape[0]
     dev = tokens.device
     n = tokens.shape[1]
@@ -194,8 +248,8 @@ def _level_forward(ad, tokens: torch.Tensor, nodes: torch.Tensor, start: torch.T
     visible = (cols[None, None, :] < start[:, None, None]).expand(bsz, nodes.numel(), view_len)
     visible = visible.clone()
     node_slots = start[:, None, None] + torch.arange(n, device=dev)[None, None, :]  # [B, 1, N]
-    visible.scatter_(2, node_slots.expand(bsz, nodes.numel(), n),
-                     anc[nodes][None].expand(bsz, -1, -1))
+    seen = anc[nodes][None].expand(bsz, -1, -1) if anc.dim() == 2 else anc[:, nodes]
+    visible.scatter_(2, node_slots.expand(bsz, nodes.numel(), n), seen)
     logits = extend_at(ad, feed, positions, slots, visible)  # [B, M, V]
     return {int(i): logits[:, m] for m, i in enumerate(nodes.tolist())}
 

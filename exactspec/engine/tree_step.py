@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from exactspec.drafters.base import DraftContext
+from exactspec.drafters.dynamic_tree import DynamicTree
 from exactspec.engine.batch import BatchState, Row
 from exactspec.engine.step import Clock, StepRules, finish_step
 from exactspec.errors import InvalidValue
@@ -53,6 +54,12 @@ def tree_rule(drafter, verify) -> partial | None:
     if verify not in ("token", "traversal", "greedy"):
         raise InvalidValue(f"verify={verify!r} cannot verify token trees; with a tree drafter "
                            "use 'token', 'traversal' or 'greedy'")
+    if (verify == "traversal" and isinstance(drafter.tree, DynamicTree)
+            and drafter.siblings != "deterministic"):
+        raise InvalidValue(f"verify='traversal' is proven for trees whose shape is fixed before "
+                           f"the draws; a DynamicTree with siblings={drafter.siblings!r} sizes "
+                           "its nodes by what was drawn: use verify='token', or "
+                           "siblings='deterministic'")
     return partial(tree_step, method=verify)
 
 
