@@ -62,9 +62,16 @@ def add(sub) -> None:
                    help="draft tokens per step, or 'auto' to adapt per row from measured "
                    "speed (still lossless, but a seed's text then depends on timings; "
                    f"default {K_DEFAULT}); needs a drafter")
-    p.add_argument("--tree", type=_tree, default=None, metavar="B1,B2,..",
-                   help="draft a token tree, branching B1 at depth 1, B2 at depth 2, ... "
-                   "(--draft; --prompt-lookup takes B1 matches as branches, depth = the count)")
+    p.add_argument("--tree", type=_tree, default=None, metavar="B1,B2,..|dynamic:N",
+                   help="draft a token tree: branching B1 at depth 1, B2 at depth 2, ... (e.g. "
+                   "--tree 3,2,1), or dynamic:BUDGET[:TOP_K[:DEPTH]] for a tree grown where "
+                   "the draft is confident (EAGLE-2; e.g. --tree dynamic:16, default top-k 4, "
+                   "depth 6); with --draft, --eagle, --quantized-draft (torch backend) or "
+                   "--prompt-lookup (fixed only: B1 matches as branches, depth = the count)")
+    p.add_argument("--siblings", choices=("without_replacement", "iid", "deterministic"),
+                   default=None, help="how a tree's children are drafted: sampled without "
+                   "replacement (default), i.i.d., or the draft's top-k (deterministic; "
+                   "EAGLE-2's choice, best at temperature 0); needs --tree")
     p.add_argument("--verify", default=None, metavar="METHOD",
                    help=f"verification method: token, block, traversal (lossless), greedy (exact "
                    f"only with --temperature 0), or the opt-in lossy rules lenient:L / "
@@ -93,20 +100,39 @@ def check_combinations(args: argparse.Namespace) -> None:
     refuse_without(args, {"num_draft_tokens": "--num-draft-tokens", "verify": "--verify",
                           "compare_plain": "--compare-plain"}, has_drafter,
                    DRAFTER_FLAGS + "; without one, decoding is plain")
-    refuse_without(args, {"tree": "--tree"}, bool(args.draft or args.prompt_lookup),
-                   "--draft or --prompt-lookup")
+    refuse_without(args, {"tree": "--tree"}, bool(args.draft or args.prompt_lookup or args.eagle
+                                                  or args.quantized_draft),
+                   "--draft, --eagle, --quantized-draft or --prompt-lookup")
+    refuse_without(args, {"siblings": "--siblings"}, args.tree is not None, "--tree")
+    if args.prompt_lookup and args.tree is not None and not isinstance(args.tree, tuple):
+        raise UsageError("--prompt-lookup drafts fixed trees only (--tree B,1,1: B matches as "
+                         "branches); a dynamic tree needs --draft, --eagle or --quantized-draft")
+    if args.prompt_lookup and args.siblings is not None:
+        raise UsageError("--siblings does not apply to --prompt-lookup: its branches are copied "
+                         "matches (point masses)")
+    if args.quantized_draft and args.tree is not None and args.draft_backend == "llama.cpp":
+        raise UsageError("--draft-backend llama.cpp drafts chains only; --tree needs "
+                         "--draft-backend torch (or auto, which picks torch for trees)")
     refuse_without(args, {"draft_backend": "--draft-backend", "draft_layers": "--draft-layers"},
                    bool(args.quantized_draft), "--quantized-draft")
     args.draft_layers = _layers(args.draft_layers)
 
 
-def _tree(text: str) -> tuple[int, ...]:
-    """'3,2,1' -> (3, 2, 1): branching per depth."""
+def _tree(text: str):
+    """'3,2,1' -> (3, 2, 1): branching per depth; 'dynamic:16[:4[:6]]' -> a DynamicTree."""
+    if text.startswith("dynamic"):
+        from exactspec.drafters.dynamic_tree import DynamicTree
+        from exactspec.errors import InvalidValue
+
+        try:
+            return DynamicTree() if text == "dynamic" else DynamicTree.parse(text)
+        except InvalidValue as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     try:
         tree = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected branching factors like 3,2,1") \
-            from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected branching factors like 3,2,1 "
+                                         "or dynamic:16") from None
     if not tree or min(tree) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: every branching factor must be >= 1")
     return tree
@@ -147,20 +173,23 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     model = load(args.model, dtype=args.dtype)
     drafter, drafter_name = None, "plain"
+    trees = {"tree": args.tree, "siblings": args.siblings or "without_replacement"}
+    tree_name = "" if args.tree is None else f", tree {args.tree}, siblings {trees['siblings']}"
     if args.draft:
-        drafter = DraftModel(load(args.draft, dtype=args.dtype), tree=args.tree)
-        drafter_name = f"draft {args.draft}" + (f", tree {args.tree}" if args.tree else "")
+        drafter = DraftModel(load(args.draft, dtype=args.dtype), **trees)
+        drafter_name = f"draft {args.draft}{tree_name}"
     elif args.prompt_lookup:
         drafter, drafter_name = PromptLookup(), "prompt lookup"
         if args.tree:
             drafter = PromptLookup(branches=args.tree[0], depth=len(args.tree))
             drafter_name = f"prompt lookup, {args.tree[0]} branches"
     elif args.eagle:
-        drafter, drafter_name = load_drafter(args.eagle, target=model), f"eagle {args.eagle}"
+        drafter = load_drafter(args.eagle, target=model, **trees)
+        drafter_name = f"eagle {args.eagle}{tree_name}"
     elif args.quantized_draft:
         drafter = QuantizedDraft(args.quantized_draft, layers=args.draft_layers,
-                                 backend=args.draft_backend or "auto")
-        drafter_name = f"quantized draft {drafter.bits}-bit ({drafter.backend})"
+                                 backend=args.draft_backend or "auto", **trees)
+        drafter_name = f"quantized draft {drafter.bits}-bit ({drafter.backend}){tree_name}"
     elif args.gguf_draft is not None:
         drafter = GgufDraft(args.gguf_draft or args.model)
         drafter_name = f"gguf draft {drafter!r}"
