@@ -7,14 +7,15 @@ probabilities along the path) run the draft once, together, and each proposes it
 candidates with the highest path score make the tree. A child's score is at most its parent's
 (and ties keep the shallower node first), so the kept set is closed under ancestors.
 
-Exactness, deterministic children (the default, EAGLE-2's): every node is a point mass
-(siblings "deterministic") and the point-mass rule (accept x with P(x), else remove x) is exact
+Exactness, deterministic children (siblings "deterministic", EAGLE-2's; also every all-greedy
+batch): every node is a point mass and the point-mass rule (accept x with P(x), else remove x) is exact
 for any tree whose shape is a function of draft-side information only (the draft's logits;
 never p, never the verifier's uniforms). The ranking distribution is the standardized q of the
 row (the engine's parameters and the path's history); for greedy rows, whose q is one-hot, the
 softmax of the draft's raw logits.
 
-Sampled children (`siblings="without_replacement"` or "iid", `grow_sampled`): EAGLE-2's final
+Sampled children (`siblings="without_replacement"`, the drafters' default, or "iid";
+`grow_sampled`): EAGLE-2's final
 cut is not allowed there (keeping a drawn node because its own q was high biases it towards
 high-q tokens). Instead every drawn node is kept, and the shape is fixed before the draws it
 governs: depth d + 1 gets min(top_k, budget left) slots, shared among the depth-d nodes by
