@@ -5,7 +5,7 @@ and the same test on a wrong variant (draws at temperature 1/2, reports q at 1),
 rejected. The suite runs the same check with 400 / 300 rows (tests/drafters/
 test_cross_vocab_real.py); this is the 2,000-row run (~4 CPU-minutes on 2 cores).
 
-    .venv/bin/python scripts/cross_vocab_first_token.py --rows 2000 --threads 2
+    PYTHONPATH=. .venv/bin/python scripts/cross_vocab_first_token.py --rows 2000 --threads 2
 """
 
 from __future__ import annotations
