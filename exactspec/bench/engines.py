@@ -11,13 +11,14 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
 
 from exactspec.bench.hf_quantized import quantized_copy
 from exactspec.drafters import DraftModel, PromptLookup, QuantizedDraft, SuffixDrafter
+from exactspec.drafters.dynamic_tree import DynamicTree
 from exactspec.engine import generate
 from exactspec.errors import InvalidValue
 from exactspec.models.loading import Model
@@ -60,14 +61,18 @@ class EngineSpec:
     verify: str = "token"  # exactspec verification method ("token" | "block")
     counterpart: str | None = None  # the transformers engine this one is compared with
     sampling_only: bool = False  # skip in greedy mode (block == token when p is one-hot)
-    # a token tree's branching per depth (exactspec/drafters/tree_draft.py; prompt lookup's
-    # M branches of depth D are (M, 1, ..., 1)); None: chains of k tokens
-    tree: tuple[int, ...] | None = None
+    # a token tree: branching per depth (exactspec/drafters/tree_draft.py; prompt lookup's
+    # M branches of depth D are (M, 1, ..., 1)) or an EAGLE-2 DynamicTree (node budget);
+    # None: chains of k tokens
+    tree: tuple[int, ...] | DynamicTree | None = None
     siblings: str = "without_replacement"  # how a sampled tree's siblings are drawn
 
     @property
     def draft_nodes(self) -> int | None:
-        """Draft positions the target scores per step (tree nodes, or K); None for auto."""
+        """Draft positions the target scores per step (tree nodes, a dynamic tree's node
+        budget, or K); None for auto."""
+        if isinstance(self.tree, DynamicTree):
+            return self.tree.node_budget
         if self.tree is not None:
             return len(branching_parents(self.tree))
         return self.k if isinstance(self.k, int) else None
@@ -81,8 +86,17 @@ class EngineSpec:
 
     @property
     def draft_forwards(self) -> int | None:
-        """Drafter calls per step: one per tree depth, one per chain token (K)."""
+        """Drafter calls per step: one per tree depth (a dynamic tree's deepest), one per
+        chain token (K)."""
+        if isinstance(self.tree, DynamicTree):
+            return self.tree.max_depth
         return len(self.tree) if self.tree is not None else self.draft_nodes
+
+    def tree_json(self) -> list[int] | dict | None:
+        """The tree for the result JSON: the branching list, or a dynamic tree's fields."""
+        if isinstance(self.tree, DynamicTree):
+            return asdict(self.tree)
+        return list(self.tree) if self.tree is not None else None
 
 
 @dataclass
@@ -198,8 +212,9 @@ class Engines:
             "eagle": self._eagle_drafter,
             "int8": _chain_only(lambda: QuantizedDraft(8)),  # backend auto: llama.cpp if installed
             "int4": _chain_only(lambda: QuantizedDraft(4)),
-            "int8-torch": _chain_only(lambda: QuantizedDraft(8, backend="torch")),
-            "int4-torch": _chain_only(lambda: QuantizedDraft(4, backend="torch")),
+            # trees on the torch backend only (llama.cpp drafts chains)
+            "int8-torch": lambda s: QuantizedDraft(8, backend="torch", **_tree_kwargs(s)),
+            "int4-torch": lambda s: QuantizedDraft(4, backend="torch", **_tree_kwargs(s)),
         }
 
     def available(self, spec: EngineSpec) -> bool:
@@ -324,7 +339,7 @@ def _lookup(spec: EngineSpec) -> PromptLookup:
     """Prompt lookup: a chain, or for tree (M, 1, ..., 1) the M latest matches of depth D."""
     if spec.tree is None:
         return PromptLookup(min_ngram=1, max_ngram=3)
-    m, *rest = spec.tree
+    m, *rest = spec.tree if isinstance(spec.tree, tuple) else (0,)
     if m < 2 or any(b != 1 for b in rest):
         raise InvalidValue(f"{spec.name!r}: a prompt-lookup tree is M branches of depth D, "
                            f"tree (M, 1, ..., 1) with M >= 2, not {spec.tree}; "
@@ -337,7 +352,8 @@ def _chain_only(build: Callable[[], object]) -> Callable[[EngineSpec], object]:
     def make(spec: EngineSpec):
         if spec.tree is not None:
             raise InvalidValue(f"{spec.name!r}: the {spec.drafter!r} drafter drafts chains "
-                               "only in the bench; drop the tree or use eagle, lookup or draft")
+                               "only in the bench; drop the tree or use eagle, lookup, draft or "
+                               "qdraft int8 torch")
         return build()
     return make
 

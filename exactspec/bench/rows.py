@@ -30,7 +30,7 @@ def engine_row(spec: EngineSpec, mode: str, workload: str, rounds: list[list[Run
     row = {
         "engine": spec.name, "family": spec.family, "drafter": spec.drafter,
         "k": spec.k, "verify": spec.verify if spec.family == "exactspec" else None,
-        "tree": list(spec.tree) if spec.tree else None, "verify_width": spec.verify_width,
+        "tree": spec.tree_json(), "verify_width": spec.verify_width,
         "mode": mode, "workload": workload,
         "tokens": tokens, "seconds": seconds,
         "tokens_per_second": _median(tps),

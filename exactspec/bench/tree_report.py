@@ -55,17 +55,31 @@ def _key(wc: dict, width: int):
 
 
 def shape_label(row: dict) -> str:
-    """'4,1,1,1' for a tree (branching per depth), '3x4' for prompt lookup's, 'K=8' a chain."""
+    """'4,1,1,1' for a tree (branching per depth), '3x4' for prompt lookup's, 'dynamic:16'
+    for a dynamic one, 'K=8' for a chain."""
     if not row.get("tree"):
         return f"K={row['k']}" if row.get("k") else "plain"
     t = row["tree"]
-    return f"{t[0]}x{len(t)}" if row["drafter"] == "lookup" else ",".join(map(str, t))
+    if isinstance(t, dict):  # a dynamic tree's fields
+        text = f"dynamic:{t['node_budget']}"
+    else:
+        text = f"{t[0]}x{len(t)}" if row["drafter"] == "lookup" else ",".join(map(str, t))
+    sib = row.get("siblings")
+    return text + ("" if sib in (None, "without_replacement") else f" {sib}")
+
+
+def _kind(row: dict) -> str:
+    """'chain', 'tree' (a fixed branching) or 'dynamic' (a node budget)."""
+    if row["shape"] != "tree":
+        return row["shape"]
+    return "dynamic" if isinstance(row["tree"], dict) else "tree"
 
 
 def plot_trees(result: dict, out_dir: str | Path) -> Path | None:
     """trees.png: per mode and workload group, acceptance length and x plain against the
-    verify width; per drafter one colour, chains solid with circles, trees dashed with squares
-    (labelled with their shape). None when the run had no tree engine."""
+    verify width; per drafter one colour, chains solid with circles, fixed trees dashed with
+    squares, dynamic trees triangles (labelled with their shape). None when the run had no
+    tree engine."""
     trees = result.get("trees")
     if not trees or not trees.get("rows"):
         return None
@@ -84,15 +98,15 @@ def plot_trees(result: dict, out_dir: str | Path) -> Path | None:
         for ax, key, label in ((ax_acc, "mean_acceptance_length", "acceptance length"),
                                (ax_x, "ratio_to_plain", "speed / exactspec plain")):
             for d in drafters:
-                for shape, style in (("chain", "o-"), ("tree", "s--")):
-                    pts = sorted((r["verify_width"], r[key], r) for r in mine
-                                 if r["drafter"] == d and r["shape"] == shape
-                                 and r[key] is not None)
+                for kind, style in (("chain", "o-"), ("tree", "s--"), ("dynamic", "^")):
+                    pts = sorted(((r["verify_width"], r[key], r) for r in mine
+                                  if r["drafter"] == d and _kind(r) == kind
+                                  and r[key] is not None), key=lambda p: p[:2])
                     if not pts:
                         continue
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=colors[d],
-                            label=f"{d} {shape}", mfc="none" if shape == "tree" else None)
-                    if shape == "tree":
+                            label=f"{d} {kind}", mfc="none" if kind != "chain" else None)
+                    if kind != "chain":
                         for x, y, r in pts:
                             ax.annotate(shape_label(r), (x, y), fontsize=6, xytext=(3, 3),
                                         textcoords="offset points")

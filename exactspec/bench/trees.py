@@ -13,9 +13,10 @@ length over the chain's at the same width beats the chain's depth advantage, and
 the tree's draft forwards (one per depth, each over that depth's nodes) stay cheap.
 
 Engine names (usable with `exactspec bench --engines`): "eagle tree 4,1,1,1" (branching per
-depth, as `exactspec generate --tree`), "lookup tree 3x4" (3 matches of depth 4), optional
-" iid" (siblings drawn i.i.d.) and " traversal" (traversal verification) suffixes, and any chain
-"eagle K=16".
+depth, as `exactspec generate --tree`), "eagle tree dynamic:16" (EAGLE-2's dynamic tree of 16
+nodes; dynamic:BUDGET:TOP_K:DEPTH), "lookup tree 3x4" (3 matches of depth 4), optional
+" iid" / " deterministic" (how siblings are drawn; default without replacement) and
+" traversal" (traversal verification) suffixes, and any chain "eagle K=16".
 """
 
 from __future__ import annotations
@@ -24,15 +25,20 @@ import math
 import re
 
 from exactspec.bench.engines import EngineSpec
-from exactspec.sampling import branching_parents
+from exactspec.drafters.dynamic_tree import DynamicTree
+
+Tree = tuple[int, ...] | DynamicTree  # a fixed branching per depth, or a node budget
 
 # drafter key (EngineSpec.drafter) -> the words engine names use for it
 DRAFTER_WORDS = {"eagle": "eagle", "lookup": "lookup", "draft": "draft",
                  "int8-torch": "qdraft int8 torch", "int4-torch": "qdraft int4 torch"}
-# the compared trees per drafter; each is run against the chain of as many draft tokens
-TREE_SETS: dict[str, tuple[tuple[int, ...], ...]] = {
-    "eagle": ((2, 1, 1), (2, 1, 1, 1), (4, 1, 1, 1)),  # 6, 8 and 16 nodes
+# the compared trees per drafter (a tree, or (tree, siblings)); each is run against the chain
+# of as many draft tokens
+TREE_SETS: dict[str, tuple] = {
+    "eagle": ((2, 1, 1), (2, 1, 1, 1), (4, 1, 1, 1),  # 6, 8 and 16 nodes
+              DynamicTree(16), (DynamicTree(16), "deterministic")),  # EAGLE-2's, 16 nodes
     "lookup": ((2, 1, 1), (2, 1, 1, 1), (4, 1, 1, 1)),  # 2x3, 2x4, 4x4 matches
+    "int8-torch": ((2, 1, 1, 1, 1, 1),),  # 12 nodes at the chain's K=6 depth
 }
 REFERENCE_KS = (4, 6)  # the chains' usual K, run for reference
 POINT_MASS = {"lookup", "suffix"}  # drafters that propose without a model forward
@@ -40,26 +46,36 @@ POINT_MASS = {"lookup", "suffix"}  # drafters that propose without a model forwa
 _NAME = re.compile(
     r"^(?:exactspec )?(?P<d>" + "|".join(sorted(map(re.escape, DRAFTER_WORDS.values()),
                                                 key=len, reverse=True)) + r") "
-    r"(?:tree (?:(?P<m>\d+)x(?P<depth>\d+)|(?P<tree>\d+(?:,\d+)*))|K=(?P<k>\d+))"
-    r"(?P<iid> iid)?(?P<traversal> traversal)?$")
+    r"(?:tree (?:(?P<m>\d+)x(?P<depth>\d+)|(?P<tree>\d+(?:,\d+)*)|(?P<dyn>dynamic(?::\d+){0,3}))"
+    r"|K=(?P<k>\d+))(?: (?P<sib>iid|deterministic))?(?P<traversal> traversal)?$")
 
 
-def tree_name(drafter: str, tree: tuple[int, ...], siblings: str = "without_replacement",
+def shape_text(drafter: str, tree: Tree) -> str:
+    """'4,1,1,1', a lookup tree's '3x4', a dynamic tree's 'dynamic:16' (or :BUDGET:K:DEPTH)."""
+    if isinstance(tree, DynamicTree):
+        plain = tree == DynamicTree(tree.node_budget)  # the default top_k and depth
+        tail = "" if plain else f":{tree.top_k}:{tree.max_depth}"
+        return f"dynamic:{tree.node_budget}{tail}"
+    return f"{tree[0]}x{len(tree)}" if drafter == "lookup" else ",".join(map(str, tree))
+
+
+def tree_name(drafter: str, tree: Tree, siblings: str = "without_replacement",
               verify: str = "token") -> str:
-    """The engine name of a tree: 'exactspec eagle tree 4,1,1,1', 'exactspec lookup tree 3x4'."""
-    shape = (f"{tree[0]}x{len(tree)}" if drafter == "lookup"
-             else ",".join(map(str, tree)))
-    name = f"exactspec {DRAFTER_WORDS[drafter]} tree {shape}"
-    name += " iid" if siblings == "iid" else ""
+    """The engine name of a tree: 'exactspec eagle tree 4,1,1,1', 'exactspec lookup tree 3x4',
+    'exactspec eagle tree dynamic:16 deterministic'."""
+    name = f"exactspec {DRAFTER_WORDS[drafter]} tree {shape_text(drafter, tree)}"
+    name += "" if siblings == "without_replacement" else f" {siblings}"
     return name + (" traversal" if verify == "traversal" else "")
 
 
-def tree_spec(drafter: str, tree: tuple[int, ...], *, siblings: str = "without_replacement",
+def tree_spec(drafter: str, tree: Tree, *, siblings: str = "without_replacement",
               verify: str = "token") -> EngineSpec:
-    """A tree engine; traversal verification runs in sampling modes only (greedy: the same)."""
+    """A tree engine. Variants of the default (other siblings, traversal) run in sampling
+    modes only: greedy rows always take the top-k and follow argmax p, so they are the same."""
+    tree = tree if isinstance(tree, DynamicTree) else tuple(tree)
     return EngineSpec(tree_name(drafter, tree, siblings, verify), "exactspec", drafter, 0,
-                      verify, tree=tuple(tree), siblings=siblings,
-                      sampling_only=verify == "traversal")
+                      verify, tree=tree, siblings=siblings,
+                      sampling_only=verify != "token" or siblings != "without_replacement")
 
 
 def chain_spec(drafter: str, k: int) -> EngineSpec:
@@ -67,14 +83,18 @@ def chain_spec(drafter: str, k: int) -> EngineSpec:
     return EngineSpec(f"exactspec {DRAFTER_WORDS[drafter]} K={k}", "exactspec", drafter, k)
 
 
-def tree_engines(sets: dict[str, tuple[tuple[int, ...], ...]] | None = None) -> list[EngineSpec]:
-    """exactspec plain, and per drafter its trees, the chain of as many draft tokens as each
-    tree has nodes (equal verify width) and the chains of REFERENCE_KS."""
+def tree_engines(sets: dict[str, tuple] | None = None) -> list[EngineSpec]:
+    """exactspec plain, and per drafter its trees (a tree, or (tree, siblings)), the chain of
+    as many draft tokens as each tree has nodes (equal verify width) and the chains of
+    REFERENCE_KS."""
     out = [EngineSpec("exactspec plain", "exactspec", "none")]
-    for drafter, trees in (sets or TREE_SETS).items():
-        ks = sorted(set(REFERENCE_KS) | {len(branching_parents(t)) for t in trees})
-        out += [chain_spec(drafter, k) for k in ks]
-        out += [tree_spec(drafter, t) for t in trees]
+    for drafter, entries in (sets or TREE_SETS).items():
+        pairs = [e if isinstance(e, tuple) and isinstance(e[-1], str) else (e, None)
+                 for e in entries]
+        trees = [tree_spec(drafter, t, siblings=sib or "without_replacement")
+                 for t, sib in pairs]
+        ks = sorted(set(REFERENCE_KS) | {t.draft_nodes for t in trees})
+        out += [chain_spec(drafter, k) for k in ks] + trees
     return out
 
 
@@ -86,14 +106,18 @@ def engine_from_name(text: str) -> EngineSpec | None:
         return None
     drafter = next(k for k, v in DRAFTER_WORDS.items() if v == m["d"])
     if m["k"] is not None:
-        return None if m["iid"] or m["traversal"] else chain_spec(drafter, int(m["k"]))
+        return None if m["sib"] or m["traversal"] else chain_spec(drafter, int(m["k"]))
     if m["m"] is not None:
         if drafter != "lookup":
             return None
-        tree = (int(m["m"]),) + (1,) * (int(m["depth"]) - 1)
+        tree: Tree = (int(m["m"]),) + (1,) * (int(m["depth"]) - 1)
+    elif m["dyn"] is not None:
+        if drafter == "lookup":
+            return None
+        tree = DynamicTree() if m["dyn"] == "dynamic" else DynamicTree.parse(m["dyn"])
     else:
         tree = tuple(int(b) for b in m["tree"].split(","))
-    return tree_spec(drafter, tree, siblings="iid" if m["iid"] else "without_replacement",
+    return tree_spec(drafter, tree, siblings=m["sib"] or "without_replacement",
                      verify="traversal" if m["traversal"] else "token")
 
 
@@ -183,8 +207,9 @@ def _group_row(s: EngineSpec, mode: str, group: str, mine: list[dict],
     target_step = _per_step(mine, "target_forward")
     d = draft_step / plain_step if draft_step and plain_step else 0.0  # in target steps
     nodes = sum(r.get("drafted") or 0 for r in mine) / steps if steps else 0.0
-    # positions a verify forward really scored (one row a run): a tree all N + 1 slots, used
-    # or not; a chain 1 + the tokens it drafted (prompt lookup often finds fewer than K)
+    # positions a verify forward really scored (one row a run): a fixed tree all N + 1 slots,
+    # used or not (a dynamic tree at most that: fewer near the budget's end); a chain 1 + the
+    # tokens it drafted (prompt lookup often finds fewer than K)
     scored = width if s.tree is not None else 1 + nodes
     w_probe = width_cost_at(width_ms, scored)
     acc = sum(r["tokens"] for r in mine) / steps if steps else None
@@ -192,7 +217,8 @@ def _group_row(s: EngineSpec, mode: str, group: str, mine: list[dict],
         "engine": s.name, "drafter": s.drafter, "mode": mode, "group": group,
         "workloads": [r["workload"] for r in mine],
         "shape": "plain" if s.drafter == "none" else "tree" if s.tree else "chain",
-        "tree": list(s.tree) if s.tree else None, "k": s.k if s.tree is None else None,
+        "tree": s.tree_json(), "k": s.k if s.tree is None else None,
+        "siblings": s.siblings if s.tree is not None else None,
         "draft_nodes": s.draft_nodes or 0, "verify_width": width, "draft_forwards": fwd,
         "mean_acceptance_length": acc,
         "nodes_per_step": nodes if steps else None,

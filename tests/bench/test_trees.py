@@ -26,6 +26,7 @@ from exactspec.bench.trees import (
 )
 from exactspec.cli.bench import split_engines
 from exactspec.drafters import PromptLookup
+from exactspec.drafters.dynamic_tree import DynamicTree
 from exactspec.drafters.eagle import EagleDrafter
 from exactspec.drafters.eagle_head import EagleConfig, EagleHead
 from exactspec.errors import InvalidValue
@@ -38,7 +39,8 @@ WORKLOADS = [
     Workload("copy", "copy a list", True, 14,
              ["copy: abc abc abc abd abc abc abc abd abc abc"]),
 ]
-SETS = {"eagle": ((2, 1),), "lookup": ((2, 1, 1),)}  # 4 and 6 nodes: chains K=4, 6 pair them
+# 4 and 6 nodes: the chains K=4 and K=6 pair them
+SETS = {"eagle": ((2, 1), DynamicTree(4, top_k=2, max_depth=3)), "lookup": ((2, 1, 1),)}
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +92,11 @@ def test_tree_rows_equal_what_generate_gives_with_that_drafter(result, model, he
         assert r["mean_acceptance_length"] == pytest.approx(gen.stats.mean_acceptance_length)
         assert r["drafted"] == gen.stats.drafted
     trees = [r for r in rows if r["tree"]]
-    assert trees and all(r["verify_width"] == len(es.sampling.branching_parents(r["tree"])) + 1
-                         for r in trees)
+    assert len({r["engine"] for r in trees}) == 3
+    for r in trees:
+        nodes = (r["tree"]["node_budget"] if isinstance(r["tree"], dict)
+                 else len(es.sampling.branching_parents(r["tree"])))
+        assert r["verify_width"] == nodes + 1, r["engine"]
     # the random head's trees keep something at T=1 (else this test could not tell them apart)
     assert any(r["mean_acceptance_length"] > 1 for r in rows if r["drafter"] == "eagle")
 
@@ -117,14 +122,17 @@ def test_engines_score_the_width_they_report(model, head):
     mp.setattr(adapter_mod.TargetAdapter, "extend", extend)
     try:
         for spec in (tree_spec("eagle", (2, 1, 1)), tree_spec("lookup", (3, 1)),
+                     tree_spec("eagle", DynamicTree(6, top_k=2, max_depth=4)),
                      chain_spec("eagle", 6)):
             seen.clear()
             run = runner.run(spec, ids, MODES["t1"], 30, seed=0)
-            assert spec.verify_width == {(2, 1, 1): 7, (3, 1): 7, None: 7}[spec.tree]
+            assert spec.verify_width == 7
             steps = seen[-run.steps:]  # the decode's forwards (prefill before them)
             assert max(steps) == spec.verify_width, (spec.name, steps)
-            if spec.tree is not None:  # every tree step scores the whole tree
+            if isinstance(spec.tree, tuple):  # every fixed tree step scores the whole tree
                 assert set(steps) == {spec.verify_width}, (spec.name, steps)
+            elif spec.tree is not None:  # a dynamic tree shrinks only with the budget's end
+                assert steps.count(spec.verify_width) > len(steps) / 2, steps
             else:  # the chain drafts K = 6 until the budget's end narrows it
                 assert steps == sorted(steps, reverse=True) and steps.count(7) > len(steps) / 2
                 assert len(run.drafted_per_position) == 6
@@ -157,6 +165,8 @@ def test_tree_table_pools_the_rows_and_pairs_equal_widths(result, tmp_path):
                 r["mean_acceptance_length"] / chain["mean_acceptance_length"])
     assert {r["equal_width_chain"] for r in rows if r["shape"] == "tree"} == {
         "exactspec eagle K=4", "exactspec lookup K=6"}
+    dyn = by[("exactspec eagle tree dynamic:4:2:3", "t1", "grounded")]
+    assert dyn["equal_width_chain"] == "exactspec eagle K=4" and dyn["draft_forwards"] == 3
     assert by[("exactspec eagle tree 2,1", "t1", "grounded")]["draft_forwards"] == 2
     assert by[("exactspec lookup K=6", "t1", "grounded")]["draft_forwards"] == 0
     assert not result["sweep"] and not result["batch"]  # the comparison sweeps the width
@@ -179,20 +189,38 @@ def test_engine_names_round_trip_and_split():
     for text, tree, k in (("eagle tree 4,1,1,1", (4, 1, 1, 1), 0),
                           ("lookup tree 3x4", (3, 1, 1, 1), 0),
                           ("exactspec eagle K=16", None, 16),
-                          ("qdraft int8 torch K=12", None, 12)):
+                          ("qdraft int8 torch K=12", None, 12),
+                          ("qdraft int8 torch tree 2,1,1", (2, 1, 1), 0),
+                          ("eagle tree dynamic:16", DynamicTree(16), 0),
+                          ("eagle tree dynamic:24:4:8 deterministic", DynamicTree(24, 4, 8), 0)):
         spec = engine_from_name(text)
         assert spec.tree == tree and spec.k == k, text
         assert engine_from_name(spec.name) == spec and spec.name.endswith(text.split(" ", 1)[-1])
     assert engine_from_name("eagle tree 2,2 iid traversal").siblings == "iid"
+    assert engine_from_name("eagle tree dynamic:16 deterministic").sampling_only  # greedy: same
+    assert not engine_from_name("eagle tree dynamic:16").sampling_only
+    assert engine_from_name("eagle tree dynamic:16").verify_width == 17
     assert engine_from_name("eagle tree 2,2 traversal").sampling_only
     assert engine_from_name("lookup tree 3x4").name == "exactspec lookup tree 3x4"
-    for bad in ("eagle tree 3x4", "suffix tree 2,1", "plain", "eagle tree", "eagle K=4 iid"):
+    for bad in ("eagle tree 3x4", "suffix tree 2,1", "plain", "eagle tree", "eagle K=4 iid",
+                "lookup tree dynamic:8"):
         assert engine_from_name(bad) is None, bad
     assert split_engines("plain, eagle tree 4,1,1,1,lookup tree 3x4,eagle K=16") == [
         "plain", "eagle tree 4,1,1,1", "lookup tree 3x4", "eagle K=16"]
     # every compared chain and tree is spelled so that --engines finds it again
     for s in tree_engines():
         assert s.drafter == "none" or engine_from_name(s.name) == s
+
+
+def test_quantized_tree_engine_equals_generate_with_that_drafter(model):
+    """The 8-bit self-draft's tree engine: the drafter es.generate gets for that tree."""
+    spec = engine_from_name("qdraft int8 torch tree 2,1")
+    ids = [model.encode("copy: abc abc abc abd abc", chat=True)]
+    run = Engines(model).run(spec, ids, MODES["t1"], 12, seed=3)
+    gen = es.generate(model, ids, drafter=es.QuantizedDraft(8, backend="torch", tree=(2, 1)),
+                      params=MODES["t1"].params(3), max_new_tokens=12)[0]
+    assert run.texts == [gen.token_ids] and run.steps == gen.stats.steps
+    assert run.drafted == gen.stats.drafted and spec.verify_width == 5
 
 
 def test_named_engines_are_added_and_unknown_names_refused(model):
