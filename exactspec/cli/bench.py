@@ -40,9 +40,11 @@ def add(sub) -> None:
                    "i.i.d.) and ' traversal'")
     p.add_argument("--trees", action="store_true",
                    help="trees against chains at equal verify width instead of the default "
-                   "engines: plain, and per drafter (EAGLE head, prompt lookup) trees of 6, 8 "
-                   "and 16 nodes, the chains K=6, 8, 16 and K=4; writes the tree table, the "
-                   "probed width cost w(N+1) and OUT/trees.png (no K sweep, no batch)")
+                   "engines: plain; the EAGLE head's trees 2,1,1 / 2,1,1,1 / 4,1,1,1 and "
+                   "dynamic:16 (sampled and deterministic siblings), prompt lookup's 2x3 / 2x4 "
+                   "/ 4x4, the 8-bit self-draft's (torch) 2,1,1,1,1,1; each drafter's chains "
+                   "of as many draft tokens and K=4, 6. Writes the tree table, the probed "
+                   "width cost w and OUT/trees.png (no K sweep, no batch)")
     p.add_argument("--modes", default=None, metavar="M,N",
                    help="sampling modes among greedy, t1, t0.7p0.9 (default: all; quick: 2)")
     p.add_argument("--workloads", default=None, metavar="W,X",
