@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 from exactspec.cli.common import UsageError, at_least, draft_tokens, refuse_without, value_or
+
+SERVE_METHODS = ("token", "block", "greedy")  # the lossless --verify methods of a chain
 
 
 def add_drafter_flags(p) -> None:
@@ -42,6 +46,11 @@ def add(sub) -> None:
     p.add_argument("--num-draft-tokens", type=draft_tokens, default=None, metavar="N|auto",
                    help="draft tokens per step (default 4), or 'auto' (still exact; a seed's "
                    "text then depends on timings); needs a drafter")
+    p.add_argument("--verify", default=None, metavar="METHOD",
+                   help="verification method: token (default), block (lossless), greedy (exact "
+                   "only at temperature 0: other requests are refused with 400), or the opt-in "
+                   "lossy rules lenient:L / typical:EPS (a warning is printed at start-up and "
+                   "every response says lossless: false); needs a drafter")
     p.add_argument("--max-batch", type=at_least(1), default=32,
                    help="rows decoded together (default %(default)s)")
     p.add_argument("--max-queue", type=at_least(1), default=64,
@@ -66,8 +75,21 @@ def run(args) -> int:
     if args.request_timeout <= 0:
         raise UsageError(f"--request-timeout must be > 0, got {args.request_timeout}")
     has_drafter = bool(args.prompt_lookup or args.draft or args.eagle or args.quantized_draft)
-    refuse_without(args, {"num_draft_tokens": "--num-draft-tokens"}, has_drafter,
-                   "a drafter (--prompt-lookup, --draft, --eagle or --quantized-draft)")
+    refuse_without(args, {"num_draft_tokens": "--num-draft-tokens", "verify": "--verify"},
+                   has_drafter, "a drafter (--prompt-lookup, --draft, --eagle or "
+                   "--quantized-draft)")
+    verify = value_or(args, "verify", "token")
+    if verify not in SERVE_METHODS:  # then a lossy rule, or refused with the choices named
+        from exactspec.errors import InvalidValue
+        from exactspec.sampling.lossy import parse_lossy
+
+        try:
+            parse_lossy(verify)
+        except InvalidValue as exc:
+            raise UsageError(f"--verify: {exc}") from None
+        print(f"warning: --verify {verify} is a lossy rule: the text is NOT distributed as the "
+              "target's (exactspec audit --lossy measures how far); responses say "
+              '"lossless": false', file=sys.stderr)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model = load(args.model)
@@ -77,6 +99,6 @@ def run(args) -> int:
         request_timeout=args.request_timeout, drafter_name=name,
         engine=EngineConfig(max_batch=args.max_batch, max_queue=args.max_queue,
                             num_draft_tokens=value_or(args, "num_draft_tokens", 4)
-                            if drafter else 0))
+                            if drafter else 0, verify=verify))
     serve(model, drafter, config, host=args.host, port=args.port)
     return 0

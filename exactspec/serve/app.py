@@ -5,6 +5,10 @@ Every error is answered with OpenAI's body {"error": {"message", "type", "param"
 404 for another model, 429 when the queue is full (with Retry-After), 503 while shutting
 down, 504 when a request runs past its timeout, 500 when decoding fails (that request only;
 the server keeps serving). A client that disconnects cancels its request.
+Under an opt-in lossy verify rule (`--verify lenient:L` / `typical:EPS`) every completion says
+so where an OpenAI client sees it without a schema change: `"lossless": false` (and `"verify"`)
+in the response's `exactspec` object (streams: the last chunk's) and the header
+`X-Exactspec-Lossless: false` (`"true"` otherwise), also on /v1/models.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from starlette.exceptions import HTTPException
 from exactspec.drafters.base import Drafter
 from exactspec.engine.results import GenerationStats
 from exactspec.models.loading import Model
+from exactspec.sampling import is_lossless
 from exactspec.serve.engine import Delta, EngineConfig, Failed, Finished, ServingEngine, Submission
 from exactspec.serve.metrics import Metrics
 from exactspec.serve.protocol import ApiError, RequestSpec, bad, parse_request
@@ -63,6 +68,8 @@ def create_app(model: Model, drafter: Drafter | None, config: ServerConfig) -> F
     app.state.engine = engine  # for tests and embedding: pause / resume / stop
     app.state.metrics = metrics
     created = int(time.time())
+    lossless = drafter is None or is_lossless(config.engine.verify)  # False: an opt-in lossy rule
+    lossless_header = {"X-Exactspec-Lossless": "true" if lossless else "false"}
 
     if config.api_key is not None:
         app.add_middleware(_ApiKey, key=config.api_key, metrics=metrics)
@@ -86,7 +93,8 @@ def create_app(model: Model, drafter: Drafter | None, config: ServerConfig) -> F
         return {"object": "list", "data": [{
             "id": config.served_name, "object": "model", "created": created,
             "owned_by": "exactspec", "max_model_len": model.max_context,
-            "drafter": config.drafter_name}]}
+            "drafter": config.drafter_name, "verify": config.engine.verify,
+            "lossless": lossless}]}
 
     @app.get("/metrics")
     async def prometheus():
@@ -99,17 +107,23 @@ def create_app(model: Model, drafter: Drafter | None, config: ServerConfig) -> F
             except ValueError:
                 raise bad("the request body is not valid JSON", None) from None
             spec = parse_request(body, kind, model, config.served_name, config.max_tokens_cap)
+            if config.engine.verify == "greedy" and not spec.params.is_greedy:
+                raise bad(f"temperature={spec.params.temperature}: this server verifies "
+                          "greedily (--verify greedy), which is the target's law only at "
+                          "temperature 0; send temperature=0", "temperature")
             sub = engine.submit(spec, asyncio.get_running_loop())
         except ApiError as exc:
             if exc.status == 400:
                 metrics.count("rejected", "invalid_request")
             return _error(exc)
         deadline = sub.submitted + config.request_timeout
-        answer = _Answer(spec, kind, config, sub)
+        answer = _Answer(spec, kind, config, sub, lossless)
         if spec.stream:
             return StreamingResponse(_sse(answer, deadline), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return await _collect(request, answer, deadline)
+                                     headers={"Cache-Control": "no-cache", **lossless_header})
+        response = await _collect(request, answer, deadline)
+        response.headers.update(lossless_header)
+        return response
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -157,8 +171,10 @@ def _timeout_error(spec: RequestSpec, timeout: float) -> ApiError:
 class _Answer:
     """Accumulates a request's events into OpenAI responses and stream chunks."""
 
-    def __init__(self, spec: RequestSpec, kind: str, config: ServerConfig, sub: Submission):
+    def __init__(self, spec: RequestSpec, kind: str, config: ServerConfig, sub: Submission,
+                 lossless: bool = True):
         self.spec, self.kind, self.config, self.sub = spec, kind, config, sub
+        self.lossless = lossless  # False under an opt-in lossy verify rule
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -200,7 +216,8 @@ class _Answer:
                 if i == len(total.accepted_per_position):
                     total.accepted_per_position.append(0)
                 total.accepted_per_position[i] += c
-        return {"drafter": self.config.drafter_name, "seed": self.spec.params.seed,
+        return {"drafter": self.config.drafter_name, "verify": self.config.engine.verify,
+                "lossless": self.lossless, "seed": self.spec.params.seed,
                 "seeded": self.spec.seeded, "steps": total.steps, "drafted": total.drafted,
                 "accepted": total.accepted, "acceptance_rate": total.acceptance_rate,
                 "mean_acceptance_length": total.mean_acceptance_length,
