@@ -12,10 +12,17 @@ the product of the empirical next-token frequencies stays >= `min_prob`, and for
 Of the two candidates, the one with the larger score (sum of the path's products: the expected
 number of accepted tokens if the frequencies were the target's) is proposed. q is a point mass,
 so `propose` returns None for draft_probs and the output is exact whatever is proposed.
+Tree mode (`branches` > 1): instead of one chain, the `tree_nodes` most probable continuations
+(path probability = the product of the frequencies, best first, at most `branches` children
+per node, at most `depth` deep, each >= min_prob) as a trie of point masses, verified as a token
+tree (exact by the point-mass rule: a child is accepted with the residual's mass at it, which
+then loses it). Its score is again the sum of the nodes' path probabilities.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -24,6 +31,7 @@ import torch
 
 from exactspec.drafters.base import DraftContext, TargetInfo
 from exactspec.errors import InvalidValue
+from exactspec.sampling import DraftTree
 
 
 class _Node:
@@ -127,6 +135,43 @@ class SuffixTrie:
             node, depth = child, depth + 1
         return out, score
 
+    def tree(self, seq: list[int], depth: int, budget: int, branches: int, min_prob: float,
+             spec_factor: float) -> tuple[list[int], list[int], float]:
+        """The `budget` most probable continuation nodes of `seq`'s longest matching suffix,
+        best first (so a parent precedes its children): tokens, parent indices (-1 = root),
+        and the score (sum of the nodes' path probabilities)."""
+        node, m = self.match(seq)
+        if node is None or depth <= 0:
+            return [], [], 0.0
+        depth = min(depth, max(1, int(spec_factor * m)))
+        tokens: list[int] = []
+        parents: list[int] = []
+        score, tie = 0.0, itertools.count()
+        heap: list[tuple] = []  # (-path probability, tie, token, trie node, trie depth, parent, path)
+
+        def push(at: _Node, d: int, parent: int, path: list[int], prob: float) -> None:
+            if not at.children or d >= self.max_depth:  # the trie ends: look up again
+                found, d = self.match((seq + path)[-(self.max_depth - 1):])
+                if found is None:
+                    return
+                at = found
+            total = sum(c.count for c in at.children.values())
+            top = sorted(at.children.items(), key=lambda kv: (-kv[1].count, kv[0]))[:branches]
+            for token, child in top:
+                if prob * child.count / total >= min_prob:
+                    heapq.heappush(heap, (-prob * child.count / total, next(tie), token, child,
+                                          d + 1, parent, path))
+
+        push(node, m, -1, [], 1.0)
+        while heap and len(tokens) < budget:
+            neg, _, token, child, d, parent, path = heapq.heappop(heap)
+            tokens.append(token)
+            parents.append(parent)
+            score -= neg
+            if len(path) + 1 < depth:
+                push(child, d, len(tokens) - 1, [*path, token], -neg)
+        return tokens, parents, score
+
 
 def _size(node: _Node) -> int:
     """Nodes strictly below `node`."""
@@ -162,13 +207,16 @@ class SuffixDrafter:
     the global trie of earlier outputs (oldest outputs evicted first; 0 turns it off).
     min_prob: stop drafting when the continuation's estimated probability falls below this.
     spec_factor: draft at most spec_factor * (length of the matched suffix) tokens.
-    One instance can serve many calls (its global trie is shared and thread-safe).
+    branches: > 1 drafts token trees, at most this many children per node, at most
+    `tree_nodes` nodes and `depth` deep (the engine then runs tree steps; num_draft_tokens
+    does not apply). One instance can serve many calls (its global trie is shared and thread-safe).
     """
 
     hidden_layers = None  # reads no target features
 
     def __init__(self, max_depth: int = 24, max_nodes: int = 1 << 19, min_prob: float = 0.1,
-                 spec_factor: float = 1.0) -> None:
+                 spec_factor: float = 1.0, branches: int = 1, depth: int = 6,
+                 tree_nodes: int = 8) -> None:
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 2:
             raise InvalidValue(f"max_depth={max_depth!r} must be an int >= 2 (e.g. 24)")
         if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 0:
@@ -178,6 +226,14 @@ class SuffixDrafter:
             raise InvalidValue(f"min_prob={min_prob!r} must be a number in [0, 1] (e.g. 0.1)")
         if not isinstance(spec_factor, int | float) or not spec_factor > 0:
             raise InvalidValue(f"spec_factor={spec_factor!r} must be a number > 0 (e.g. 1.0)")
+        for name, v in (("branches", branches), ("depth", depth), ("tree_nodes", tree_nodes)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidValue(f"{name}={v!r} must be an int >= 1")
+        self.branches = branches  # children per tree node at most (1: chains)
+        self.depth = depth  # tree depth at most (tree mode)
+        self.tree_nodes = tree_nodes  # nodes per tree at most: the verify width is this + 1
+        # not None: the engine runs tree steps (the widest shape; the trees are often smaller)
+        self.tree = (branches,) + (1,) * (depth - 1) if branches > 1 else None
         self.max_depth = max_depth  # longest substring counted by every trie
         self.max_nodes = max_nodes  # memory bound of the global trie, in nodes
         self.min_prob = float(min_prob)  # continuation probability below which drafting stops
@@ -190,7 +246,9 @@ class SuffixDrafter:
 
     def __repr__(self) -> str:
         return (f"SuffixDrafter(max_depth={self.max_depth}, max_nodes={self.max_nodes}, "
-                f"min_prob={self.min_prob}, spec_factor={self.spec_factor})")
+                f"min_prob={self.min_prob}, spec_factor={self.spec_factor}"
+                + (f", branches={self.branches}, depth={self.depth}, "
+                   f"tree_nodes={self.tree_nodes})" if self.tree else ")"))
 
     def remember(self, tokens: Sequence[int]) -> None:
         """Add one earlier output (with the prompt tokens just before it) to the global trie."""
@@ -238,23 +296,48 @@ class SuffixDrafter:
             self._finish(self._rows[j])
         self._rows = [self._rows[j] for j in keep]
 
+    def _catch_up(self, context: DraftContext) -> list[list[int]]:
+        """Each row's trie takes the tokens emitted since; returns each row's recent context."""
+        assert len(self._rows) == context.tokens.shape[0], "begin() first, and select() when " \
+            "rows leave"
+        for i, (row, n) in enumerate(zip(self._rows, context.lengths.tolist(), strict=True)):
+            if n > len(row.tokens):
+                row.extend(context.tokens[i, len(row.tokens):n].tolist())
+        return [row.tokens[-(self.max_depth - 1):] for row in self._rows]
+
+    def propose_tree(self, context: DraftContext, max_depth: torch.Tensor  # [B]
+                     ) -> DraftTree:  # [B, tree_nodes] point-mass nodes, -1 = unused
+        """Per row the more promising of the local and the global trie's trees."""
+        b, n = context.tokens.shape[0], self.tree_nodes
+        tokens = torch.full((b, n), -1, dtype=torch.long)
+        parents = torch.full((b, n), -1, dtype=torch.long)
+        for i, (recent, cap) in enumerate(zip(self._catch_up(context), max_depth.tolist(),
+                                              strict=True)):
+            args = (min(self.depth, cap), n, self.branches, self.min_prob, self.spec_factor)
+            best = self._rows[i].trie.tree(recent, *args)
+            if self.max_nodes:
+                with self._lock:
+                    other = self.cache.tree(recent, *args)
+                if other[2] > best[2]:
+                    best = other
+            if best[0]:
+                tokens[i, : len(best[0])] = torch.tensor(best[0], dtype=torch.long)
+                parents[i, : len(best[1])] = torch.tensor(best[1], dtype=torch.long)
+        dev = context.tokens.device
+        return DraftTree(tokens.to(dev), parents.to(dev), None, "deterministic")
+
     def propose(
         self, context: DraftContext, num_tokens: torch.Tensor  # [B]
     ) -> tuple[torch.Tensor, None]:  # [B, K] -1 padded, None (point mass)
         b = context.tokens.shape[0]
-        assert len(self._rows) == b, "begin() first, and select() when rows leave"
         k = int(num_tokens.max()) if b else 0
         drafts = torch.full((b, k), -1, dtype=torch.long)
-        lengths, want = context.lengths.tolist(), num_tokens.tolist()
-        for i, row in enumerate(self._rows):
-            n = lengths[i]
-            if n > len(row.tokens):
-                row.extend(context.tokens[i, len(row.tokens):n].tolist())
+        want = num_tokens.tolist()
+        for i, recent in enumerate(self._catch_up(context)):
             if want[i] <= 0:
                 continue
-            recent = row.tokens[-(self.max_depth - 1):]
-            best, best_score = row.trie.continuation(recent, want[i], self.min_prob,
-                                                     self.spec_factor)
+            best, best_score = self._rows[i].trie.continuation(
+                recent, want[i], self.min_prob, self.spec_factor)
             if self.max_nodes:
                 with self._lock:
                     other, score = self.cache.continuation(recent, want[i], self.min_prob,

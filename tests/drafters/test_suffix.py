@@ -20,7 +20,7 @@ from exactspec.drafters import DraftContext, SuffixDrafter
 from exactspec.drafters.suffix import SuffixTrie, _size
 from exactspec.engine import generate
 from exactspec.errors import InvalidValue
-from exactspec.sampling import RowStreams
+from exactspec.sampling import DraftTree, RowStreams
 from tests.audit.test_engine_lossless import FILTERED, PROMPT, V, tiny_llama
 from tests.engine.test_lossless_greedy import GREEDY, PROMPTS
 from tests.engine.tiny import tiny_llama as tiny_char_llama
@@ -177,4 +177,80 @@ def test_a_wrong_point_mass_residual_is_caught(world_and_target):
     world, target = world_and_target
     counts, _ = _counts(target, SuffixDrafter(max_depth=8), wrong_verify(ResidualFromTarget),
                         seed=4, rows=2000)
+    assert chi_square(counts, target_law(world, N)).rejected
+
+
+# Tree mode: several continuations as a trie of point masses.
+
+
+def test_tree_holds_the_most_probable_continuations_best_first():
+    trie = SuffixTrie(8)
+    for s in ([1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 4], [1, 2, 6, 7]):
+        trie.add(s)
+    # after "1 2": 3 (3 of 4), then 4 (2/3 of that) or 5 (1/3), or 6 (1 of 4), then 7
+    tokens, parents, score = trie.tree([1, 2], depth=3, budget=4, branches=2, min_prob=0.1,
+                                       spec_factor=4.0)
+    assert tokens == [3, 4, 6, 5] and parents == [-1, 0, -1, 0]
+    assert score == pytest.approx(3 / 4 + 1 / 2 + 1 / 4 + 1 / 4)
+    assert trie.tree([1, 2], depth=3, budget=4, branches=1, min_prob=0.1,
+                     spec_factor=4.0)[0] == [3, 4]  # one child per node: a chain
+    assert trie.tree([1, 2], depth=3, budget=9, branches=2, min_prob=0.3,
+                     spec_factor=4.0)[0] == [3, 4]  # 5 and 6 (1/4 each) fall below min_prob
+    assert trie.tree([9], depth=3, budget=4, branches=2, min_prob=0.1,
+                     spec_factor=4.0) == ([], [], 0.0)  # no match
+
+
+def test_tree_mode_greedy_equals_plain_and_the_tree_is_bounded():
+    target = tiny_char_llama(0)
+    plain = [g.token_ids for g in generate(target, PROMPTS, params=GREEDY, max_new_tokens=40)]
+    drafter = SuffixDrafter(branches=3, depth=4, tree_nodes=6)
+    sizes = []
+    original = drafter.propose_tree
+
+    def recording(context, max_depth):
+        tree = original(context, max_depth)
+        sizes.append((int(tree.shape.valid.sum(1).max()), int(tree.shape.depth.max())))
+        return tree
+
+    drafter.propose_tree = recording
+    for _ in ("first", "again"):  # the second call drafts from the cache of earlier outputs
+        out = generate(target, PROMPTS, drafter=drafter, params=GREEDY, max_new_tokens=40)
+        assert [g.token_ids for g in out] == plain
+    assert max(n for n, _ in sizes) <= 6 and max(d for _, d in sizes) <= 4
+    assert max(n for n, _ in sizes) > 1 and sum(g.stats.accepted for g in out) > 0
+
+
+class SmoothedPointMass(SuffixDrafter):
+    """Wrong: proposes the trie's nodes deterministically but reports q = 1/2 on the node and
+    1/2 spread over the vocabulary, as if the node had been drawn from it."""
+
+    def propose_tree(self, context, max_depth):
+        tree = super().propose_tree(context, max_depth)
+        q = torch.full((*tree.tokens.shape, V), 0.5 / V)
+        q.scatter_add_(2, tree.tokens.clamp(min=0)[..., None], torch.full((*tree.tokens.shape,
+                                                                            1), 0.5))
+        return DraftTree(tree.tokens, tree.parents, q, "without_replacement")
+
+
+def _tree_counts(target, drafter, seed, rows):
+    kw = dict(drafter=drafter, max_new_tokens=N + K, batch_size=rows)
+    generate(target, [PROMPT] * 200, params=replace(FILTERED, seed=seed + 100), **kw)  # warm
+    gens = generate(target, [PROMPT] * rows, params=replace(FILTERED, seed=seed), **kw)
+    seqs = torch.tensor([g.token_ids[:N] for g in gens])  # [rows, N]
+    return bincount(sequence_ids(seqs, V), V**N), sum(g.stats.accepted for g in gens)
+
+
+def test_suffix_trees_through_generate_match_the_target(world_and_target):
+    world, target = world_and_target
+    counts, accepted = _tree_counts(target, SuffixDrafter(max_depth=8, branches=3, depth=3,
+                                                          tree_nodes=5), seed=7, rows=ROWS)
+    assert accepted > ROWS // 2  # the trees of earlier outputs were really drafted from
+    result = chi_square(counts, target_law(world, N))
+    assert result.dof > 30 and not result.rejected, result
+
+
+def test_a_tree_that_claims_a_smoothed_q_is_caught(world_and_target):
+    world, target = world_and_target
+    wrong = SmoothedPointMass(max_depth=8, branches=3, depth=3, tree_nodes=5)
+    counts, _ = _tree_counts(target, wrong, seed=8, rows=2000)
     assert chi_square(counts, target_law(world, N)).rejected
