@@ -91,7 +91,8 @@ def bandwidth_summary(model, runs: dict) -> dict:
 
     `runs`: the bench's (engine, mode, workload) -> rounds of Runs; exactspec plain's step is
     its target-forward time per step, transformers plain's its wall time per token, and the
-    quantized self-draft's its drafting time per draft position (one row)."""
+    quantized self-draft's its drafting time per draft position (one row; chains only, as a
+    tree's draft forward covers several nodes)."""
     from exactspec.models.lean import lean_forward_for
 
     lean = lean_forward_for(model)
@@ -106,7 +107,7 @@ def bandwidth_summary(model, runs: dict) -> dict:
                 steps.setdefault(engine, []).append(r.target_seconds / r.steps)
             elif engine == "transformers plain" and r.tokens:
                 steps.setdefault(engine, []).append(r.seconds / r.tokens)
-            elif engine.startswith("exactspec qdraft") and r.drafted:
+            elif engine.startswith("exactspec qdraft") and " tree " not in engine and r.drafted:
                 steps.setdefault("qdraft draft token", []).append(
                     r.draft_seconds / r.drafted * len(r.texts))
     for name, xs in steps.items():
