@@ -69,6 +69,8 @@ def create_app(model: Model, drafter: Drafter | None, config: ServerConfig) -> F
     app.state.metrics = metrics
     created = int(time.time())
     lossless = drafter is None or is_lossless(config.engine.verify)  # False: an opt-in lossy rule
+    verify = config.engine.verify  # reported by name; a callable (tests) by its function's name
+    verify_name = verify if isinstance(verify, str) else getattr(verify, "__name__", "callable")
     lossless_header = {"X-Exactspec-Lossless": "true" if lossless else "false"}
 
     if config.api_key is not None:
@@ -93,8 +95,7 @@ def create_app(model: Model, drafter: Drafter | None, config: ServerConfig) -> F
         return {"object": "list", "data": [{
             "id": config.served_name, "object": "model", "created": created,
             "owned_by": "exactspec", "max_model_len": model.max_context,
-            "drafter": config.drafter_name, "verify": config.engine.verify,
-            "lossless": lossless}]}
+            "drafter": config.drafter_name, "verify": verify_name, "lossless": lossless}]}
 
     @app.get("/metrics")
     async def prometheus():
@@ -117,7 +118,7 @@ def create_app(model: Model, drafter: Drafter | None, config: ServerConfig) -> F
                 metrics.count("rejected", "invalid_request")
             return _error(exc)
         deadline = sub.submitted + config.request_timeout
-        answer = _Answer(spec, kind, config, sub, lossless)
+        answer = _Answer(spec, kind, config, sub, lossless, verify_name)
         if spec.stream:
             return StreamingResponse(_sse(answer, deadline), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", **lossless_header})
@@ -172,9 +173,10 @@ class _Answer:
     """Accumulates a request's events into OpenAI responses and stream chunks."""
 
     def __init__(self, spec: RequestSpec, kind: str, config: ServerConfig, sub: Submission,
-                 lossless: bool = True):
+                 lossless: bool = True, verify: str = "token"):
         self.spec, self.kind, self.config, self.sub = spec, kind, config, sub
         self.lossless = lossless  # False under an opt-in lossy verify rule
+        self.verify = verify  # the verify method's name
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -216,7 +218,7 @@ class _Answer:
                 if i == len(total.accepted_per_position):
                     total.accepted_per_position.append(0)
                 total.accepted_per_position[i] += c
-        return {"drafter": self.config.drafter_name, "verify": self.config.engine.verify,
+        return {"drafter": self.config.drafter_name, "verify": self.verify,
                 "lossless": self.lossless, "seed": self.spec.params.seed,
                 "seeded": self.spec.seeded, "steps": total.steps, "drafted": total.drafted,
                 "accepted": total.accepted, "acceptance_rate": total.acceptance_rate,
