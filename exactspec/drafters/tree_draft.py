@@ -187,10 +187,12 @@ def eagle_tree(drafter, context: DraftContext, max_depth: torch.Tensor) -> Draft
         a = attend(qh, drafter._k, drafter._v, seen[:, None, :].expand(-1, m, -1),
                    k_extra, v_extra)  # [B, h, M, d]
         o = head.finish(x, a)  # [B, M, H]
+        bsz = o.shape[0]
+        logits = full_logits(head, head.logits(o.reshape(bsz * m, -1))).reshape(bsz, m, -1)
         out = {}
         for j, i in enumerate(nodes.tolist()):
             g_node[i] = o[:, j]
-            out[i] = full_logits(head, head.logits(o[:, j]))
+            out[i] = logits[:, j]  # [B, V]
         return out
 
     root = full_logits(head, head.logits(drafter._o_last))  # [B, V]
