@@ -207,7 +207,7 @@ class Engines:
         self._drafters: dict[str, Callable[[EngineSpec], object]] = {
             "lookup": _lookup,
             # a fresh cache per run: every engine sees each prompt the same number of times
-            "suffix": _chain_only(SuffixDrafter),
+            "suffix": _suffix,
             "draft": lambda s: DraftModel(self.draft, **_tree_kwargs(s)),
             "eagle": self._eagle_drafter,
             "int8": _chain_only(lambda: QuantizedDraft(8)),  # backend auto: llama.cpp if installed
@@ -345,6 +345,19 @@ def _lookup(spec: EngineSpec) -> PromptLookup:
                            f"tree (M, 1, ..., 1) with M >= 2, not {spec.tree}; "
                            f"spell it 'lookup tree MxD', e.g. 'lookup tree 3x4'")
     return PromptLookup(min_ngram=1, max_ngram=3, branches=m, depth=len(spec.tree))
+
+
+def _suffix(spec: EngineSpec) -> SuffixDrafter:
+    """SuffixDrafter; its tree 'suffix tree MxD' = at most M children per node, D deep, M x D
+    nodes (the verify width the bench accounts for)."""
+    if spec.tree is None:
+        return SuffixDrafter()
+    m, *rest = spec.tree if isinstance(spec.tree, tuple) else (0,)
+    if m < 2 or any(b != 1 for b in rest):
+        raise InvalidValue(f"{spec.name!r}: a suffix tree is M branches of depth D, tree "
+                           f"(M, 1, ..., 1) with M >= 2, not {spec.tree}; spell it "
+                           "'suffix tree MxD', e.g. 'suffix tree 2x4'")
+    return SuffixDrafter(branches=m, depth=len(spec.tree), tree_nodes=m * len(spec.tree))
 
 
 def _chain_only(build: Callable[[], object]) -> Callable[[EngineSpec], object]:

@@ -63,7 +63,7 @@ def shape_label(row: dict) -> str:
     if isinstance(t, dict):  # a dynamic tree's fields
         text = f"dynamic:{t['node_budget']}"
     else:
-        text = f"{t[0]}x{len(t)}" if row["drafter"] == "lookup" else ",".join(map(str, t))
+        text = f"{t[0]}x{len(t)}" if row["drafter"] in ("lookup", "suffix") else ",".join(map(str, t))
     sib = row.get("siblings")
     return text + ("" if sib in (None, "without_replacement") else f" {sib}")
 

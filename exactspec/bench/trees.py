@@ -30,7 +30,7 @@ from exactspec.drafters.dynamic_tree import DynamicTree
 Tree = tuple[int, ...] | DynamicTree  # a fixed branching per depth, or a node budget
 
 # drafter key (EngineSpec.drafter) -> the words engine names use for it
-DRAFTER_WORDS = {"eagle": "eagle", "lookup": "lookup", "draft": "draft",
+DRAFTER_WORDS = {"eagle": "eagle", "lookup": "lookup", "suffix": "suffix", "draft": "draft",
                  "int8-torch": "qdraft int8 torch", "int4-torch": "qdraft int4 torch"}
 # the compared trees per drafter (a tree, or (tree, siblings)); each is run against the chain
 # of as many draft tokens
@@ -38,10 +38,13 @@ TREE_SETS: dict[str, tuple] = {
     "eagle": ((2, 1, 1), (2, 1, 1, 1), (4, 1, 1, 1),  # 6, 8 and 16 nodes
               DynamicTree(16), (DynamicTree(16), "deterministic")),  # EAGLE-2's, 16 nodes
     "lookup": ((2, 1, 1), (2, 1, 1, 1), (4, 1, 1, 1)),  # 2x3, 2x4, 4x4 matches
+    "suffix": ((2, 1, 1, 1),),  # <= 2 children per node, 4 deep, 8 nodes
     "int8-torch": ((2, 1, 1, 1, 1, 1),),  # 12 nodes at the chain's K=6 depth
 }
 REFERENCE_KS = (4, 6)  # the chains' usual K, run for reference
 POINT_MASS = {"lookup", "suffix"}  # drafters that propose without a model forward
+# drafters whose trees are M continuations of depth D, spelled MxD, tree (M, 1, ..., 1)
+MATCH_TREES = {"lookup", "suffix"}
 
 _NAME = re.compile(
     r"^(?:exactspec )?(?P<d>" + "|".join(sorted(map(re.escape, DRAFTER_WORDS.values()),
@@ -56,7 +59,7 @@ def shape_text(drafter: str, tree: Tree) -> str:
         plain = tree == DynamicTree(tree.node_budget)  # the default top_k and depth
         tail = "" if plain else f":{tree.top_k}:{tree.max_depth}"
         return f"dynamic:{tree.node_budget}{tail}"
-    return f"{tree[0]}x{len(tree)}" if drafter == "lookup" else ",".join(map(str, tree))
+    return f"{tree[0]}x{len(tree)}" if drafter in MATCH_TREES else ",".join(map(str, tree))
 
 
 def tree_name(drafter: str, tree: Tree, siblings: str = "without_replacement",
@@ -108,11 +111,11 @@ def engine_from_name(text: str) -> EngineSpec | None:
     if m["k"] is not None:
         return None if m["sib"] or m["traversal"] else chain_spec(drafter, int(m["k"]))
     if m["m"] is not None:
-        if drafter != "lookup":
+        if drafter not in MATCH_TREES:
             return None
         tree: Tree = (int(m["m"]),) + (1,) * (int(m["depth"]) - 1)
     elif m["dyn"] is not None:
-        if drafter == "lookup":
+        if drafter in MATCH_TREES:
             return None
         tree = DynamicTree() if m["dyn"] == "dynamic" else DynamicTree.parse(m["dyn"])
     else:

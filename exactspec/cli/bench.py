@@ -36,13 +36,14 @@ def add(sub) -> None:
                    "'plain,qdraft,assisted int8'; default: all); a tree or chain not in the "
                    "list is added by its name: 'eagle tree 4,1,1,1' (branching per depth, as "
                    "generate --tree; a comma before a digit stays in the name), 'lookup tree "
-                   "3x4' (3 matches, depth 4), 'eagle K=16'; suffixes ' iid' (siblings drawn "
+                   "3x4' (3 matches, depth 4), 'suffix tree 2x4' (<= 2 children per node, depth 4, 8 "
+                   "nodes), 'eagle K=16'; suffixes ' iid' (siblings drawn "
                    "i.i.d.) and ' traversal'")
     p.add_argument("--trees", action="store_true",
                    help="trees against chains at equal verify width instead of the default "
                    "engines: plain; the EAGLE head's trees 2,1,1 / 2,1,1,1 / 4,1,1,1 and "
                    "dynamic:16 (sampled and deterministic siblings), prompt lookup's 2x3 / 2x4 "
-                   "/ 4x4, the 8-bit self-draft's (torch) 2,1,1,1,1,1; each drafter's chains "
+                   "/ 4x4, the suffix drafter's 2x4, the 8-bit self-draft's (torch) 2,1,1,1,1,1; each drafter's chains "
                    "of as many draft tokens and K=4, 6. Writes the tree table, the probed "
                    "width cost w and OUT/trees.png (no K sweep, no batch)")
     p.add_argument("--modes", default=None, metavar="M,N",

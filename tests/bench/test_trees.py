@@ -202,7 +202,7 @@ def test_engine_names_round_trip_and_split():
     assert engine_from_name("eagle tree dynamic:16").verify_width == 17
     assert engine_from_name("eagle tree 2,2 traversal").sampling_only
     assert engine_from_name("lookup tree 3x4").name == "exactspec lookup tree 3x4"
-    for bad in ("eagle tree 3x4", "suffix tree 2,1", "plain", "eagle tree", "eagle K=4 iid",
+    for bad in ("eagle tree 3x4", "suffix tree dynamic:8", "plain", "eagle tree", "eagle K=4 iid",
                 "lookup tree dynamic:8"):
         assert engine_from_name(bad) is None, bad
     assert split_engines("plain, eagle tree 4,1,1,1,lookup tree 3x4,eagle K=16") == [
@@ -233,8 +233,22 @@ def test_named_engines_are_added_and_unknown_names_refused(model):
         Bench(model, BenchConfig(engines=["plain", "eagel tree 2,1"]), workloads=WORKLOADS)
     runner = Engines(model)
     ids = [model.encode("abc abc", chat=True)]
-    suffix_tree = EngineSpec("exactspec suffix tree 2,1", "exactspec", "suffix", 0, tree=(2, 1))
+    int8_tree = EngineSpec("exactspec qdraft int8 tree 2,1", "exactspec", "int8", 0, tree=(2, 1))
     for bad, match in ((tree_spec("lookup", (2, 2)), "M branches of depth D"),
-                       (suffix_tree, "chains only")):
+                       (tree_spec("suffix", (2, 2)), "M branches of depth D"),
+                       (int8_tree, "chains only")):
         with pytest.raises(InvalidValue, match=match):
             runner.run(bad, ids, MODES["greedy"], 4, seed=0)
+
+
+def test_suffix_tree_engine_equals_generate_with_that_drafter(model):
+    """'suffix tree 2x3': SuffixDrafter(branches=2, depth=3, tree_nodes=6), as es.generate."""
+    spec = engine_from_name("suffix tree 2x3")
+    assert spec.name == "exactspec suffix tree 2x3" and spec.verify_width == 7
+    ids = [model.encode("copy: abc abc abc abd abc abd abc", chat=True)]
+    for mode in ("greedy", "t1"):
+        run = Engines(model).run(spec, ids, MODES[mode], 12, seed=5)
+        gen = es.generate(model, ids, drafter=es.SuffixDrafter(branches=2, depth=3, tree_nodes=6),
+                          params=MODES[mode].params(5), max_new_tokens=12)[0]
+        assert run.texts == [gen.token_ids] and run.steps == gen.stats.steps, mode
+        assert run.drafted == gen.stats.drafted, mode
