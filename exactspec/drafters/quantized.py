@@ -8,6 +8,9 @@ it with its own KV cache, on one of two backends:
 - "llama.cpp": the target's weights written as a Q8_0 / Q4_0 GGUF (`models/gguf_export.py`,
   in the cache directory) and run by llama.cpp (`drafters/gguf_draft.py`), whose fused CPU
   kernels make a draft token 3-4x cheaper than torch's here (optional package).
+A target the lean forward does not support (gemma3, GPT-2, ...) takes the generic torch path: a
+copy of its transformers model with every linear layer quantized the same way
+(`models/quantize_modules.py`), driven by transformers' forward; llama.cpp is refused for it.
 q is its standardized distribution,
 computed by the same function with the same parameters and history as the target's p, so the
 verification is exact for every verify method; quantization only lowers how often drafts are
@@ -31,6 +34,7 @@ from exactspec.drafters.tree_draft import check_tree
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.models.adapter import TargetAdapter, unwrap_model
 from exactspec.models.lean import LeanLlama, lean_forward_for
+from exactspec.models.quantize_modules import quantized_copy_for
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +52,9 @@ class QuantizedDraft(DraftModel):
     smollm2-135m it drafts badly, see the README). backend: "torch", "llama.cpp", or "auto"
     (llama.cpp when the optional llama-cpp-python package is installed and the options allow
     it, else torch). tree / siblings: token trees as for DraftModel, fixed (3, 2, 1) or
-    DynamicTree(node_budget=16); torch backend only ("auto" then picks torch). Only
-    Llama-architecture targets are supported; others are refused at `begin`.
+    DynamicTree(node_budget=16); torch backend only ("auto" then picks torch). A target the
+    lean forward does not run (not a Llama architecture) is drafted by a quantized copy of its
+    transformers model (torch, all layers; "auto" picks torch for it, "llama.cpp" is refused).
     """
 
     hidden_layers = None  # needs no target features
@@ -88,7 +93,7 @@ class QuantizedDraft(DraftModel):
             if not llama_cpp_available():
                 raise InvalidValue("backend='llama.cpp' needs the optional package "
                                    "llama-cpp-python: install it with `make llama-cpp`")
-        self._auto = backend == "auto"  # resolved again at begin for a target not on the CPU
+        self._auto = backend == "auto"  # resolved again at begin per target (device, architecture)
         if backend == "auto":
             backend = "llama.cpp" if (llama_cpp_available() and bits in GGUF_TYPES
                                       and layers is None and group_size == 32
@@ -99,7 +104,9 @@ class QuantizedDraft(DraftModel):
         self.layers = None if layers is None else tuple(layers)  # kept decoder layers
         self.group_size = group_size  # int4 group along the input dimension
         self.model = None  # the target's Model view, set at begin
-        self.forward: LeanLlama | None = None  # the quantized forward in use
+        self._auto_choice = backend  # what "auto" picks for a Llama target on the CPU
+        self.forward: LeanLlama | None = None  # the quantized lean forward in use (Llama)
+        self.copy = None  # the quantized transformers copy in use (other architectures)
         self._adapter: TargetAdapter | None = None
         self._fed: torch.Tensor | None = None  # [B, S] long: tokens in the draft cache slots
         self._gguf: GgufDraft | None = None  # the llama.cpp draft in use
@@ -107,8 +114,13 @@ class QuantizedDraft(DraftModel):
 
     @staticmethod
     def supports(model) -> bool:
-        """Whether `model` (a transformers model or an exactspec Model) can be self-drafted."""
-        return LeanLlama.supports(unwrap_model(model))
+        """Whether `model` (a transformers model or an exactspec Model) can be self-drafted: any
+        transformers model (the lean forward for Llama architectures, else the generic copy)."""
+        try:
+            unwrap_model(model)
+        except TypeError:
+            return False
+        return True
 
     def __repr__(self) -> str:
         layers = "" if self.layers is None else f", layers={list(self.layers)}"
@@ -124,20 +136,32 @@ class QuantizedDraft(DraftModel):
         if self.layers is not None and not all(0 <= i < n_layers for i in self.layers):
             raise InvalidValue(f"layers={list(self.layers)} must lie in 0..{n_layers - 1} (the "
                                f"target has {n_layers} layers)")
-        if self._auto and next(model.parameters()).device.type != "cpu":
-            self.backend = "torch"  # llama.cpp is built for the CPU here; keep the draft by it
+        lean = LeanLlama.supports(model)
+        if self._auto:  # llama.cpp is built for the CPU here, and its export is Llama-only
+            on_cpu = next(model.parameters()).device.type == "cpu"
+            self.backend = self._auto_choice if on_cpu and lean else "torch"
         if self.backend == "llama.cpp":
+            if not lean:
+                raise InvalidValue(
+                    f"backend='llama.cpp' exports a Llama-architecture GGUF; "
+                    f"{type(model).__name__} is not one: use backend='torch' (or 'auto')")
             self._gguf_for(model).begin(context, target)
             return
-        forward = lean_forward_for(model, self.fmt, layers=self.layers,
-                                   group_size=self.group_size)
-        if forward is None:
-            raise InvalidValue(
-                f"QuantizedDraft needs a Llama-architecture target (the lean forward); "
-                f"{type(model).__name__} is not one: use DraftModel or PromptLookup instead")
-        self.forward = forward
         self.model = _TargetView(model, target.vocab_size)
-        self._start(TargetAdapter(model, forward=forward), context)
+        if not lean:  # the generic path: a quantized copy of the transformers model
+            if self.layers is not None:
+                raise InvalidValue(
+                    f"layers={list(self.layers)} needs the lean forward (a Llama-architecture "
+                    f"target); {type(model).__name__} is drafted by a quantized copy of all "
+                    "its layers: drop layers=")
+            self.forward = None
+            self.copy = quantized_copy_for(model, self.fmt, group_size=self.group_size)
+            self._start(TargetAdapter(self.copy, lean=False), context)
+            return
+        self.copy = None
+        self.forward = lean_forward_for(model, self.fmt, layers=self.layers,
+                                        group_size=self.group_size)
+        self._start(TargetAdapter(model, forward=self.forward), context)
 
     def propose(self, context: DraftContext, num_tokens: torch.Tensor):  # [B]
         if self.backend == "llama.cpp":
