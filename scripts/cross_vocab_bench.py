@@ -1,5 +1,7 @@
 """The cross-vocabulary pair on the bench's workloads: target gemma3-270m, plain against
-`CrossVocabDraft(smollm2-135m)` (TLI when sampling, SLEM when greedy), per workload and mode:
+`CrossVocabDraft(smollm2-135m)` (TLI when sampling, SLEM when greedy) and against gemma3's own
+int8 self-draft (`QuantizedDraft(8)`: a quantized copy of its transformers model, K =
+--quantized-k), per workload, mode and drafter:
 tokens per target step (mean acceptance length, bonus included), draft acceptance rate, verify
 width (tokens per target forward), tok/s (median of ROUNDS timed calls after a warm-up) and the
 ratio to plain; the vocabulary overlap once. Writes OUT/cross_vocab.json and prints a table.
@@ -9,8 +11,8 @@ machine, e.g.
     PYTHONPATH=. .venv/bin/python scripts/cross_vocab_bench.py --threads 2 --rounds 3 \
         --workloads code_edit,list_transform,summarise,chat --out docs/bench_cross_vocab
 
-gemma3 is not a Llama architecture, so `QuantizedDraft` (the quantized self-draft) refuses it
-and is not in this comparison.
+gemma3 is not a Llama architecture, so its self-draft runs on the generic path (every linear
+layer int8, transformers' forward), not the lean forward smollm2's self-draft uses.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def main() -> None:
     ap.add_argument("--modes", default="greedy,t1")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--drafters", default="cross_vocab,int8_self")
+    ap.add_argument("--quantized-k", type=int, default=4, help="K of the int8 self-draft")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None)
@@ -59,6 +63,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     target, draft = es.load("gemma3-270m"), es.load("smollm2-135m")
     drafter = CrossVocabDraft(draft)
+    every = {"cross_vocab": (drafter, args.k),
+             "int8_self": (es.QuantizedDraft(8), args.quantized_k)}  # name -> (drafter, K)
+    drafters = {name: every[name] for name in args.drafters.split(",")}
     works = {w.name: w for w in load_workloads()}
     rows = []
     for name in args.workloads.split(","):
@@ -66,28 +73,32 @@ def main() -> None:
         for mode in args.modes.split(","):
             plain, plain_speed = timed(target, ids, None, MODES[mode], args.max_new_tokens, 0,
                                        args.rounds, 0)
-            g, speed = timed(target, ids, drafter, MODES[mode], args.max_new_tokens, args.k,
-                             args.rounds, 0)
-            st = g.stats
-            rows.append({"workload": name, "mode": mode, "k": args.k,
-                         "mean_acceptance_length": st.emitted / st.steps,
-                         "acceptance_rate": st.accepted / st.drafted if st.drafted else None,
-                         "verify_width": 1 + st.drafted / st.steps,
-                         "plain_tokens_per_second": plain_speed, "tokens_per_second": speed,
-                         "ratio_to_plain": speed / plain_speed,
-                         "greedy_equals_plain": (g.token_ids == plain.token_ids
-                                                 if mode == "greedy" else None)})
-            r = rows[-1]
-            print(f"{name:15s} {mode:6s} acc len {r['mean_acceptance_length']:.2f}  width "
-                  f"{r['verify_width']:.2f}  plain {plain_speed:5.1f} tok/s  cross-vocab "
-                  f"{speed:5.1f} tok/s  {r['ratio_to_plain']:.2f}x", flush=True)
-    m = drafter.map
-    overlap = {"shared_tokens": m.overlap, "draft_readable": m.draft_size,
-               "target_readable": m.target_size, "of_draft": m.overlap / m.draft_size,
-               "of_target": m.overlap / m.target_size}
-    print(f"vocabulary overlap: {m.overlap:,} shared tokens = {overlap['of_draft']:.1%} of "
-          f"smollm2's {m.draft_size:,} readable tokens, {overlap['of_target']:.1%} of gemma3's "
-          f"{m.target_size:,}")
+            for label, (d, k) in drafters.items():
+                g, speed = timed(target, ids, d, MODES[mode], args.max_new_tokens, k,
+                                 args.rounds, 0)
+                st = g.stats
+                rows.append({"workload": name, "mode": mode, "drafter": label, "k": k,
+                             "mean_acceptance_length": st.emitted / st.steps,
+                             "acceptance_rate": st.accepted / st.drafted if st.drafted else None,
+                             "verify_width": 1 + st.drafted / st.steps,
+                             "plain_tokens_per_second": plain_speed, "tokens_per_second": speed,
+                             "ratio_to_plain": speed / plain_speed,
+                             "greedy_equals_plain": (g.token_ids == plain.token_ids
+                                                     if mode == "greedy" else None)})
+                r = rows[-1]
+                print(f"{name:15s} {mode:6s} {label:11s} K={k} acc len "
+                      f"{r['mean_acceptance_length']:.2f}  width {r['verify_width']:.2f}  plain "
+                      f"{plain_speed:5.1f} tok/s  drafted {speed:5.1f} tok/s  "
+                      f"{r['ratio_to_plain']:.2f}x", flush=True)
+    overlap = None
+    if "cross_vocab" in drafters:  # the map is built at its first begin
+        m = drafter.map
+        overlap = {"shared_tokens": m.overlap, "draft_readable": m.draft_size,
+                   "target_readable": m.target_size, "of_draft": m.overlap / m.draft_size,
+                   "of_target": m.overlap / m.target_size}
+        print(f"vocabulary overlap: {m.overlap:,} shared tokens = {overlap['of_draft']:.1%} of "
+              f"smollm2's {m.draft_size:,} readable tokens, {overlap['of_target']:.1%} of gemma3's "
+              f"{m.target_size:,}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
