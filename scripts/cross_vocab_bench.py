@@ -9,7 +9,8 @@ A study script, not `exactspec bench` (whose harness runs one target): time it o
 machine, e.g.
 
     PYTHONPATH=. .venv/bin/python scripts/cross_vocab_bench.py --threads 2 --rounds 3 \
-        --workloads code_edit,list_transform,summarise,chat --out docs/bench_cross_vocab
+        --workloads code_edit,list_transform,summarise,chat --quantized-k 4 \
+        --out docs/bench_cross_vocab
 
 gemma3 is not a Llama architecture, so its self-draft runs on the generic path (every linear
 layer int8, transformers' forward), not the lean forward smollm2's self-draft uses.
