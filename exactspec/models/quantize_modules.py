@@ -35,8 +35,10 @@ class QuantLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, *,
                  group_size: int = 32) -> None:  # weight [out, in]; bias [out] or None
         super().__init__()
-        self.matrix: Matrix = make_matrix(weight.detach().float() if fmt != "bfloat16"
-                                          else weight.detach(), fmt, group_size=group_size)
+        w = weight.detach().contiguous()  # a Conv1D weight comes transposed; the int8 pack
+        # kernel needs a row-major [out, in]
+        self.matrix: Matrix = make_matrix(w.float() if fmt != "bfloat16" else w, fmt,
+                                          group_size=group_size)
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.weight = torch.empty(weight.shape, device="meta")  # shape only, never computed
         self.bias = None if bias is None else bias.detach().clone()  # [out], model's dtype

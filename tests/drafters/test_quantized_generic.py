@@ -169,14 +169,19 @@ def test_llama_cpp_and_layers_are_refused_for_a_non_llama_target(monkeypatch):
                  max_new_tokens=4)
 
 
-def test_a_gpt2_target_conv1d_layers_greedy_equals_plain():
-    cfg = GPT2Config(vocab_size=16, n_positions=32, n_embd=16, n_layer=1, n_head=2)
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_gpt2_target_conv1d_layers_greedy_equals_plain(monkeypatch, packed):
+    """GPT-2's Conv1D layers ([in, out] weights), through both kernel paths (forced)."""
+    monkeypatch.setitem(formats._KERNEL_OK, "int8", packed)
+    cfg = GPT2Config(vocab_size=16, n_positions=32, n_embd=16, n_layer=1, n_head=2,
+                     bos_token_id=None, eos_token_id=None)
     torch.manual_seed(0)
     target = GPT2LMHeadModel(cfg).eval()
     plain = generate(target, [[1, 2, 3]], params=GREEDY, max_new_tokens=8)
-    out = generate(target, [[1, 2, 3]], drafter=QuantizedDraft(8), params=GREEDY,
-                   max_new_tokens=8)
+    drafter = QuantizedDraft(8)
+    out = generate(target, [[1, 2, 3]], drafter=drafter, params=GREEDY, max_new_tokens=8)
     assert out[0].token_ids == plain[0].token_ids
+    assert drafter.copy.lm_head.matrix.packed is packed
 
 
 @pytest.fixture(scope="module")
