@@ -37,10 +37,11 @@ from exactspec.sampling import DraftTree
 class _Node:
     """One substring: how often it occurred and the tokens that followed it."""
 
-    __slots__ = ("children", "count")
+    __slots__ = ("children", "count", "last")
 
     def __init__(self) -> None:
         self.count = 0  # occurrences of the substring this node spells
+        self.last = 0  # the trie's clock when it last occurred (ties go to the latest)
         self.children: dict[int, _Node] = {}  # next token -> node of the longer substring
 
 
@@ -51,11 +52,13 @@ class SuffixTrie:
         self.max_depth = max_depth  # longest substring counted
         self.root = _Node()
         self.nodes = 0  # nodes below the root: the memory this trie holds
+        self.clock = 0  # tokens added so far: orders occurrences by recency
 
     def _walk(self, seq: Sequence[int], delta: int) -> None:
         d = self.max_depth
         for i in range(len(seq)):
             node = self.root
+            self.clock += delta > 0
             for t in seq[i:i + d]:
                 child = node.children.get(t)
                 if child is None:
@@ -63,6 +66,7 @@ class SuffixTrie:
                     child = node.children[t] = _Node()
                     self.nodes += 1
                 child.count += delta
+                child.last = max(child.last, self.clock) if delta > 0 else child.last
                 if child.count == 0:  # nothing below a dead node is alive either
                     del node.children[t]
                     self.nodes -= 1 + _size(child)
@@ -84,12 +88,14 @@ class SuffixTrie:
         first); returns the new list. Equivalent to `add` of the whole sequence at the end.
         """
         new = []
+        self.clock += 1
         for node in (self.root, *active):
             child = node.children.get(token)
             if child is None:
                 child = node.children[token] = _Node()
                 self.nodes += 1
             child.count += 1
+            child.last = self.clock
             new.append(child)
         return new[: self.max_depth - 1]
 
@@ -126,7 +132,7 @@ class SuffixTrie:
                 if node is None:
                     break
             total = sum(c.count for c in node.children.values())
-            token, child = max(node.children.items(), key=lambda kv: (kv[1].count, -kv[0]))
+            token, child = max(node.children.items(), key=lambda kv: (kv[1].count, kv[1].last))
             prob *= child.count / total
             if prob < min_prob:
                 break
@@ -156,7 +162,7 @@ class SuffixTrie:
                     return
                 at = found
             total = sum(c.count for c in at.children.values())
-            top = sorted(at.children.items(), key=lambda kv: (-kv[1].count, kv[0]))[:branches]
+            top = sorted(at.children.items(), key=lambda kv: (-kv[1].count, -kv[1].last))[:branches]
             for token, child in top:
                 if prob * child.count / total >= min_prob:
                     heapq.heappush(heap, (-prob * child.count / total, next(tie), token, child,

@@ -254,3 +254,20 @@ def test_a_tree_that_claims_a_smoothed_q_is_caught(world_and_target):
     wrong = SmoothedPointMass(max_depth=8, branches=3, depth=3, tree_nodes=5)
     counts, _ = _tree_counts(target, wrong, seed=8, rows=2000)
     assert chi_square(counts, target_law(world, N)).rejected
+
+
+def test_equally_frequent_continuations_go_to_the_latest():
+    """'1 2' was followed by 3, then by 4: the draft continues with 4 (the latest), whether
+    the trie was built at once (add) or token by token (grow, as a row's own trie is)."""
+    seq = [1, 2, 3, 7, 1, 2, 4]
+    whole = SuffixTrie(8)
+    whole.add(seq)
+    grown = SuffixTrie(8)
+    active: list = []
+    for t in seq:
+        active = grown.grow(active, t)
+    for trie in (whole, grown):
+        out, _ = trie.continuation([5, 1, 2], 1, 0.1, 4.0)
+        assert out == [4]
+        tokens, _, _ = trie.tree([5, 1, 2], 1, 2, 2, 0.1, 4.0)
+        assert tokens == [4, 3]
