@@ -16,11 +16,19 @@ from exactspec.engine import generate
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.sampling import RowStreams
 from tests.drafters.test_eagle import make_head
-from tests.engine.tiny import contrarian, perturbed, tiny_llama
+from tests.engine.tiny import (
+    GREEDY,
+    GREEDY_PROMPTS,
+    contrarian,
+    greedy_plain,
+    greedy_target,
+    perturbed,
+)
 
-GREEDY = SamplingParams(temperature=0)
+PROMPTS = GREEDY_PROMPTS
+target, plain = greedy_target, greedy_plain  # the module fixtures of tests/engine/tiny.py
+
 T1 = SamplingParams(temperature=1.0)
-PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9], [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2], [30, 31, 30, 31, 30]]
 Q = torch.tensor([0.5, 0.3, 0.2])  # the same draft q after every path
 
 
@@ -64,16 +72,6 @@ def test_sampled_growth_spends_the_budget_depth_by_depth():
     # depth 3's one slot goes to the depth-2 node of the highest path score
     path_score = Q[parent_tok] * Q[tree.tokens[:, 3:6]]  # [64, 3]
     assert torch.equal(tree.parents[:, 6], 3 + path_score.argmax(1))
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(0)
-
-
-@pytest.fixture(scope="module")
-def plain(target):
-    return [g.token_ids for g in generate(target, PROMPTS, params=GREEDY, max_new_tokens=40)]
 
 
 @pytest.mark.parametrize(("spec", "verify"), [(DynamicTree(16, 4, 6), "token"),

@@ -4,25 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from exactspec import SamplingParams
 from exactspec.drafters import DraftModel, PromptLookup
 from exactspec.drafters.gguf_draft import llama_cpp_available
 from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.engine import generate
-from tests.engine.tiny import contrarian, perturbed, tiny_llama
+from tests.engine.tiny import (
+    GREEDY,
+    GREEDY_PROMPTS,
+    contrarian,
+    greedy_plain,
+    greedy_target,
+    perturbed,
+    tiny_llama,
+)
 
-GREEDY = SamplingParams(temperature=0)
-PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9], [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2], [30, 31, 30, 31, 30]]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(0)
-
-
-@pytest.fixture(scope="module")
-def plain(target):
-    return [g.token_ids for g in generate(target, PROMPTS, params=GREEDY, max_new_tokens=40)]
+PROMPTS = GREEDY_PROMPTS
+target, plain = greedy_target, greedy_plain  # the module fixtures of tests/engine/tiny.py
 
 
 def _drafters(target):

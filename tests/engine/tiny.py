@@ -5,11 +5,13 @@ from __future__ import annotations
 import copy
 import string
 
+import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from exactspec.models.loading import Model
+from exactspec.sampling import SamplingParams
 
 ALPHABET = string.ascii_lowercase + " .,!?'-" + "0123456789" + "ABCDEFGHIJKLMN"  # 48 symbols
 VOCAB = len(ALPHABET) + 1  # + "<eos>" at id 0
@@ -63,3 +65,24 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
 def tiny_model(seed: int = 0, **kw) -> Model:
     """tiny_llama with the character tokenizer, as an exactspec Model."""
     return Model(model=tiny_llama(seed, **kw), tokenizer=char_tokenizer(), name=f"tiny-{seed}")
+
+
+GREEDY = SamplingParams(temperature=0)
+# the greedy-equals-plain tests' prompts: repeats (drafts agree), one token, a long cycle
+GREEDY_PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9], [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2],
+                  [30, 31, 30, 31, 30]]
+
+
+@pytest.fixture(scope="module", name="target")
+def greedy_target() -> LlamaForCausalLM:
+    """A greedy test module's target, tiny_llama(0) (import this fixture to use it)."""
+    return tiny_llama(0)
+
+
+@pytest.fixture(scope="module", name="plain")
+def greedy_plain(target) -> list[list[int]]:
+    """Plain greedy decoding of GREEDY_PROMPTS by the module's `target`, 40 tokens each."""
+    from exactspec.engine import generate
+
+    return [g.token_ids for g in generate(target, GREEDY_PROMPTS, params=GREEDY,
+                                          max_new_tokens=40)]
