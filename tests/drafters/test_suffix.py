@@ -154,6 +154,8 @@ def world_and_target():
 
 
 def _counts(target, drafter, verify, seed, rows=ROWS):
+    """Counts of the first N tokens of `rows` generations after a warm-up batch (the cache of
+    earlier outputs), and the drafts accepted; a tree drafter ignores num_draft_tokens."""
     kw = dict(drafter=drafter, max_new_tokens=N + K, num_draft_tokens=K, verify=verify,
               batch_size=rows)
     generate(target, [PROMPT] * 200, params=replace(FILTERED, seed=seed + 100), **kw)  # warm
@@ -232,18 +234,10 @@ class SmoothedPointMass(SuffixDrafter):
         return DraftTree(tree.tokens, tree.parents, q, "without_replacement")
 
 
-def _tree_counts(target, drafter, seed, rows):
-    kw = dict(drafter=drafter, max_new_tokens=N + K, batch_size=rows)
-    generate(target, [PROMPT] * 200, params=replace(FILTERED, seed=seed + 100), **kw)  # warm
-    gens = generate(target, [PROMPT] * rows, params=replace(FILTERED, seed=seed), **kw)
-    seqs = torch.tensor([g.token_ids[:N] for g in gens])  # [rows, N]
-    return bincount(sequence_ids(seqs, V), V**N), sum(g.stats.accepted for g in gens)
-
-
 def test_suffix_trees_through_generate_match_the_target(world_and_target):
     world, target = world_and_target
-    counts, accepted = _tree_counts(target, SuffixDrafter(max_depth=8, branches=3, depth=3,
-                                                          tree_nodes=5), seed=7, rows=ROWS)
+    drafter = SuffixDrafter(max_depth=8, branches=3, depth=3, tree_nodes=5)
+    counts, accepted = _counts(target, drafter, "token", seed=7)
     assert accepted > ROWS // 2  # the trees of earlier outputs were really drafted from
     result = chi_square(counts, target_law(world, N))
     assert result.dof > 30 and not result.rejected, result
@@ -252,7 +246,7 @@ def test_suffix_trees_through_generate_match_the_target(world_and_target):
 def test_a_tree_that_claims_a_smoothed_q_is_caught(world_and_target):
     world, target = world_and_target
     wrong = SmoothedPointMass(max_depth=8, branches=3, depth=3, tree_nodes=5)
-    counts, _ = _tree_counts(target, wrong, seed=8, rows=2000)
+    counts, _ = _counts(target, wrong, "token", seed=8, rows=2000)
     assert chi_square(counts, target_law(world, N)).rejected
 
 
