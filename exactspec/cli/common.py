@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from exactspec.errors import UserError
 
@@ -109,3 +110,9 @@ def draft_tokens(text: str) -> int | str:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0 or 'auto', got {value}")
     return value
+
+
+def warn_lossy(verify: str, tail: str = "") -> None:
+    """The one stderr line every command prints when `verify` is an opt-in lossy rule."""
+    print(f"warning: --verify {verify} is a lossy rule: the text is NOT distributed as the "
+          f"target's (exactspec audit --lossy measures how far){tail}", file=sys.stderr)

@@ -10,7 +10,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from exactspec.cli.common import UsageError, at_least, draft_tokens, refuse_without, value_or
+from exactspec.cli.common import (
+    UsageError,
+    at_least,
+    draft_tokens,
+    refuse_without,
+    value_or,
+    warn_lossy,
+)
 
 DTYPES = ("float32", "bfloat16")  # what exactspec.load accepts as dtype
 DRAFTER_FLAGS = "a drafter (--draft, --prompt-lookup, --eagle, --quantized-draft or --gguf-draft)"
@@ -209,8 +216,7 @@ def run(args: argparse.Namespace) -> int:
     from exactspec.sampling import is_lossless
 
     if drafter is not None and not is_lossless(verify):
-        print(f"warning: --verify {verify} is a lossy rule: the text is NOT distributed as the "
-              "target's (exactspec audit --lossy measures how far)", file=sys.stderr)
+        warn_lossy(verify)
     if args.json:
         g = generate(model, [ids], **kwargs)[0]
         out = {"model": model.name, "drafter": drafter_name,

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-
-from exactspec.cli.common import UsageError, at_least, draft_tokens, refuse_without, value_or
+from exactspec.cli.common import (
+    UsageError,
+    at_least,
+    draft_tokens,
+    refuse_without,
+    value_or,
+    warn_lossy,
+)
 
 SERVE_METHODS = ("token", "block", "greedy")  # the lossless --verify methods of a chain
 
@@ -87,9 +92,7 @@ def run(args) -> int:
             parse_lossy(verify)
         except InvalidValue as exc:
             raise UsageError(f"--verify: {exc}") from None
-        print(f"warning: --verify {verify} is a lossy rule: the text is NOT distributed as the "
-              "target's (exactspec audit --lossy measures how far); responses say "
-              '"lossless": false', file=sys.stderr)
+        warn_lossy(verify, '; responses say "lossless": false')
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model = load(args.model)
