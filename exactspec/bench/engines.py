@@ -335,16 +335,22 @@ def _tree_kwargs(spec: EngineSpec) -> dict:
     return {} if spec.tree is None else dict(tree=spec.tree, siblings=spec.siblings)
 
 
+def _matches(spec: EngineSpec, word: str, example: str) -> tuple[int, int]:
+    """(M, D) of a point-mass tree spelled '<word> tree MxD', tree (M, 1, ..., 1), M >= 2."""
+    m, *rest = spec.tree if isinstance(spec.tree, tuple) else (0,)
+    if m < 2 or any(b != 1 for b in rest):
+        raise InvalidValue(f"{spec.name!r}: a {word} tree is M branches of depth D, tree "
+                           f"(M, 1, ..., 1) with M >= 2, not {spec.tree}; spell it "
+                           f"'{word} tree MxD', e.g. '{word} tree {example}'")
+    return m, len(spec.tree)
+
+
 def _lookup(spec: EngineSpec) -> PromptLookup:
     """Prompt lookup: a chain, or for tree (M, 1, ..., 1) the M latest matches of depth D."""
     if spec.tree is None:
         return PromptLookup(min_ngram=1, max_ngram=3)
-    m, *rest = spec.tree if isinstance(spec.tree, tuple) else (0,)
-    if m < 2 or any(b != 1 for b in rest):
-        raise InvalidValue(f"{spec.name!r}: a prompt-lookup tree is M branches of depth D, "
-                           f"tree (M, 1, ..., 1) with M >= 2, not {spec.tree}; "
-                           f"spell it 'lookup tree MxD', e.g. 'lookup tree 3x4'")
-    return PromptLookup(min_ngram=1, max_ngram=3, branches=m, depth=len(spec.tree))
+    m, depth = _matches(spec, "lookup", "3x4")
+    return PromptLookup(min_ngram=1, max_ngram=3, branches=m, depth=depth)
 
 
 def _suffix(spec: EngineSpec) -> SuffixDrafter:
@@ -352,12 +358,8 @@ def _suffix(spec: EngineSpec) -> SuffixDrafter:
     nodes (the verify width the bench accounts for)."""
     if spec.tree is None:
         return SuffixDrafter()
-    m, *rest = spec.tree if isinstance(spec.tree, tuple) else (0,)
-    if m < 2 or any(b != 1 for b in rest):
-        raise InvalidValue(f"{spec.name!r}: a suffix tree is M branches of depth D, tree "
-                           f"(M, 1, ..., 1) with M >= 2, not {spec.tree}; spell it "
-                           "'suffix tree MxD', e.g. 'suffix tree 2x4'")
-    return SuffixDrafter(branches=m, depth=len(spec.tree), tree_nodes=m * len(spec.tree))
+    m, depth = _matches(spec, "suffix", "2x4")
+    return SuffixDrafter(branches=m, depth=depth, tree_nodes=m * depth)
 
 
 def _chain_only(build: Callable[[], object]) -> Callable[[EngineSpec], object]:
