@@ -1,0 +1,6 @@
+"""Glue between exactspec and the training frameworks that call a rollout engine.
+
+`exactspec.integrations.trl.make_rollout_func(...)`: exact speculative rollouts for TRL's
+`GRPOTrainer(rollout_func=...)`. Each integration imports its framework lazily (or not at all),
+so `import exactspec` never needs it installed.
+"""
