@@ -12,6 +12,11 @@ computes `y` for activations of any leading shape:
 | `int8`     | int8 per output channel + bf16 scales     | bfloat16    | `torch._weight_int8pack_mm`       |
 | `int4`     | min-max groups along `in`, packed         | bfloat16    | `torch._weight_int4pack_mm_for_cpu`|
 
+On the CPU, where our own kernels are built (`exactspec/kernels`), the lean forward calls
+`Matrix.kernel` instead: one batch-invariant product for float32 (the model's own parts, no
+copy), bfloat16 and int8 (float32 scales) weights, float32 activations; int4 keeps its torch
+kernel there.
+
 Every quantized format also has a reference path, `Matrix.reference(x)`: the dequantized
 weight in float32, used by the tests and as the fallback where the packed kernel is slower than
 the reference (measured once per process, `kernel_choice`) or refuses the shape (int4 needs
@@ -39,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from exactspec.errors import InvalidValue
+from exactspec.kernels import linear as kernel_linear
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +72,7 @@ class Matrix:
     group_size: int = 0  # int4 group along `in`
     packed: bool = True  # use the packed kernel (False: the dequantized reference, measured)
     ref_weight: torch.Tensor | None = None  # [out, in] float32 dequantized, when not packed
+    kernel_scales: torch.Tensor | None = None  # int8 for our kernels: [out] float32 (= scales)
 
     def __call__(self, x: torch.Tensor,  # [..., in] -> [..., out], x's dtype
                  one_row_copy: bool = True) -> torch.Tensor:
@@ -99,6 +106,20 @@ class Matrix:
                 y = torch._weight_int4pack_mm_for_cpu(xb, self.qweight, self.group_size,
                                                       self.scales)
         return y.to(dtype).reshape(*lead, self.out_features)
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, in] float32 -> [M, out] float32
+        """x @ W^T on our own batch-invariant kernel (exactspec.kernels.linear): each output
+        element's value depends on its row of x and column of W only. int4 (no kernel of
+        ours) runs its torch product, not batch-invariant."""
+        if self.parts is not None:
+            return kernel_linear(x, self.parts)
+        if self.fmt == "bfloat16" and self.packed:
+            return kernel_linear(x, [self.weight])
+        if self.fmt == "int8" and self.qweight is not None and self.kernel_scales is not None:
+            return kernel_linear(x, [self.qweight], self.kernel_scales)
+        if self.ref_weight is not None:
+            return kernel_linear(x, [self.ref_weight])
+        return self(x).float()
 
     def dequantized(self) -> torch.Tensor:  # [out, in] float32
         """The weight this matrix multiplies by, in float32 (the reference for every kernel)."""
@@ -137,9 +158,11 @@ class Matrix:
         return cls("float32", sum(p.shape[0] for p in parts), parts[0].shape[1], parts=parts)
 
 
-def make_matrix(weight: torch.Tensor, fmt: str, *, group_size: int = 32) -> Matrix:
+def make_matrix(weight: torch.Tensor, fmt: str, *, group_size: int = 32,
+                for_kernels: bool = False) -> Matrix:
     """`weight` ([out, in], float32) stored as `fmt`; float32 keeps the tensor itself (no copy),
-    bfloat16 keeps a bfloat16 weight itself."""
+    bfloat16 keeps a bfloat16 weight itself. `for_kernels`: int8 is kept for our own kernel
+    (`Matrix.kernel`), with no packed-vs-reference measurement."""
     if fmt not in FORMATS:
         raise InvalidValue(f"weight format {fmt!r} must be one of {list(FORMATS)}")
     out_f, in_f = weight.shape
@@ -154,7 +177,10 @@ def make_matrix(weight: torch.Tensor, fmt: str, *, group_size: int = 32) -> Matr
         fmt = "int8"
     if fmt == "int8":
         q, s = quantize_int8(w.float())
-        m = Matrix("int8", out_f, in_f, qweight=q, scales=s.to(torch.bfloat16))
+        m = Matrix("int8", out_f, in_f, qweight=q.contiguous(), scales=s.to(torch.bfloat16))
+        if for_kernels:  # the same scales (bf16-rounded) as the packed kernel and the reference
+            m.kernel_scales = m.scales.float()
+            return m
     else:  # the int4 pack is a CPU layout: quantized there, moved back below if not packed
         q, sz = quantize_int4(w.float().cpu(), group_size)
         m = Matrix("int4", out_f, in_f, qweight=q, scales=sz, group_size=group_size)

@@ -14,9 +14,11 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from exactspec import kernels
 from exactspec.errors import InvalidValue
 from exactspec.models.cache import SlotCache
 from exactspec.models.formats import FORMATS, Matrix, make_matrix
+from exactspec.models.lean_kernels import forward_kernels
 
 
 class LeanLlama:
@@ -31,6 +33,12 @@ class LeanLlama:
     self-speculation: a draft, not the target). Activations run in the model's own dtype;
     logits are returned in float32, so p and q are always standardized in float32. In float32 the results agree with transformers' forward to float
     rounding (tested).
+
+    On the CPU it runs on our own batch-invariant kernels (`exactspec/kernels`) when they are
+    built: every product, norm, RoPE and attention output is reduced in a fixed order, so the
+    logits of a position are the same bits whether it is scored alone, inside a verify or a
+    tree, in any batch, with any thread count (activations and cache in float32 there). Without
+    them (or EXACTSPEC_KERNELS=0) it runs on torch operators, which lack that property.
     """
 
     def __init__(self, model: PreTrainedModel, fmt: str = "float32", *,
@@ -49,6 +57,10 @@ class LeanLlama:
         # model): a quantized draft casts only each product's input, since bf16 attention and
         # norms are slow on CPUs without native bf16 (SDPA 433 vs 66 us a layer, AVX2)
         self.dtype = next(model.parameters()).dtype
+        # our kernels (CPU, built): activations and cache in float32, else torch's operators
+        self.kernels = next(model.parameters()).device.type == "cpu" and kernels.enabled()
+        self._rope_cos: torch.Tensor | None = None  # kernels: [P, d] float32 RoPE tables,
+        self._rope_sin: torch.Tensor | None = None  # grown in chunks of ROPE_CHUNK positions
         self.rotary = inner.rotary_emb  # the model's own RoPE (scaling variants included)
         self.embed = inner.embed_tokens  # shared with the model (no copy)
         self.heads = cfg.num_attention_heads
@@ -79,10 +91,11 @@ class LeanLlama:
             return Matrix.float32_parts([p.float() for p in parts])
         w = parts[0] if len(parts) == 1 else torch.cat(parts)
         return make_matrix(w if self.fmt == "bfloat16" else w.float(), self.fmt,
-                           group_size=self.group_size)
+                           group_size=self.group_size, for_kernels=self.kernels)
 
     def _norm_weight(self, w: torch.Tensor) -> torch.Tensor:
-        return w if w.dtype == self.dtype else w.detach().to(self.dtype)
+        dtype = torch.float32 if self.kernels else self.dtype
+        return w if w.dtype == dtype else w.detach().to(dtype)
 
     @staticmethod
     def supports(model) -> bool:
@@ -118,6 +131,9 @@ class LeanLlama:
         `hidden_states` would give at those indices (embeddings, each layer's output, the
         last one after the final norm), concatenated: [B, T, F]. `one_row_copy`: see
         `Matrix.__call__` (False: a one-row step does not build the float32 [in, out] copy)."""
+        if self.kernels:
+            return forward_kernels(self, tokens, positions, cache, mask, logits_to_keep,
+                                   hidden_layers)
         c = one_row_copy
         # tokens, positions: [B, T]; mask: [B, 1, T, S] bool (True = visible) or None
         b, t = tokens.shape

@@ -1,0 +1,24 @@
+"""Our own CPU operators, batch-invariant: every output element is reduced in one fixed order
+that depends only on its own inputs, never on how many rows share the call or on the thread
+count (see `csrc/isa.h`). Built for this machine's CPU (`python -m exactspec.kernels`,
+run by `make run` / `make test`), registered with torch.library as `torch.ops.exactspec.*`.
+
+`enabled()` says whether the lean forward runs on them (built, and not turned off with
+`EXACTSPEC_KERNELS=0`); `EXACTSPEC_KERNEL_ISA=avx512|avx2|portable` forces an instruction set
+(`set_isa` does it at run time; all three compute the same bits).
+"""
+
+from exactspec.kernels.ops import (
+    attention,
+    available_isas,
+    current_isa,
+    enabled,
+    linear,
+    rms_norm,
+    rope_,
+    set_isa,
+    silu_mul,
+)
+
+__all__ = ["attention", "available_isas", "current_isa", "enabled", "linear", "rms_norm",
+           "rope_", "set_isa", "silu_mul"]

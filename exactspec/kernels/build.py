@@ -1,0 +1,113 @@
+"""Build the C++ kernels for this machine's CPU: `python -m exactspec.kernels`.
+
+Each ISA unit (`csrc/isa_*.cpp`) is compiled on its own with its own instruction-set flags
+(run-time dispatch picks one, see `csrc/ops.cpp`), then the torch operators (`csrc/ops.cpp`)
+are compiled and linked against them with torch's cpp_extension (ninja). Everything is built
+here, from source, into `build_dir()` (under the virtualenv by default); a build is named by a
+digest of the sources, flags and torch version, so a changed source is rebuilt and a stale
+library is never loaded. `-ffp-contract=off` everywhere: the only fused multiply-adds are the
+explicit ones, so every unit computes the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CSRC = Path(__file__).parent / "csrc"
+COMMON = ["-O3", "-std=c++17", "-fPIC", "-ffp-contract=off", "-fno-math-errno",
+          "-fno-trapping-math"]
+ISA_FLAGS = {  # unit -> its instruction-set flags
+    "avx512": ["-mavx512f", "-mavx2", "-mfma"],
+    "avx2": ["-mavx2", "-mfma"],
+    "portable": [],
+}
+
+
+def build_dir() -> Path:
+    """Where the library is built: $EXACTSPEC_KERNELS_DIR, else <sys.prefix>/exactspec-kernels."""
+    env = os.environ.get("EXACTSPEC_KERNELS_DIR")
+    return Path(env) if env else Path(sys.prefix) / "exactspec-kernels"
+
+
+def digest() -> str:
+    """A digest of everything the library depends on (sources, flags, torch, Python)."""
+    h = hashlib.sha256()
+    for p in sorted(CSRC.iterdir()):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    h.update(repr((COMMON, ISA_FLAGS, torch.__version__, sys.version_info[:2])).encode())
+    return h.hexdigest()[:12]
+
+
+def library_name() -> str:
+    return f"exactspec_kernels_{digest()}"
+
+
+def library_path() -> Path:
+    return build_dir() / library_name() / f"{library_name()}.so"
+
+
+def failure_path() -> Path:
+    """Written when a build failed, so later processes do not retry it (the build command does)."""
+    return build_dir() / f"{library_name()}.failed"
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile (if not built yet) and load the library; returns its path. A failure is
+    recorded in `failure_path()` and raised."""
+    try:
+        return _build(verbose)
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        failure_path().parent.mkdir(parents=True, exist_ok=True)
+        failure_path().write_text(f"{type(exc).__name__}: {exc}\n")
+        raise
+
+
+def _build(verbose: bool) -> Path:
+    from torch.utils import cpp_extension
+
+    name = library_name()
+    out = build_dir() / name
+    out.mkdir(parents=True, exist_ok=True)
+    cxx = os.environ.get("CXX", "c++")
+    objects = []
+    for unit, flags in ISA_FLAGS.items():
+        obj = out / f"isa_{unit}.o"
+        if not obj.is_file():
+            tmp = obj.with_suffix(f".{os.getpid()}.tmp")
+            cmd = [cxx, *COMMON, *flags, "-c", str(CSRC / f"isa_{unit}.cpp"), "-o", str(tmp)]
+            log.info("compiling %s", " ".join(cmd))
+            subprocess.run(cmd, check=True)
+            tmp.replace(obj)
+        objects.append(str(obj))
+    cpp_extension.load(name=name, sources=[str(CSRC / "ops.cpp")],
+                       extra_cflags=[*COMMON[:1], "-ffp-contract=off"],
+                       extra_ldflags=objects, build_directory=str(out),
+                       is_python_module=False, verbose=verbose)
+    return library_path()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--verbose", action="store_true", help="show the compiler commands")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    failure_path().unlink(missing_ok=True)
+    path = build(verbose=args.verbose)
+    isa = torch.ops.exactspec.current_isa()
+    sys.stdout.write(f"exactspec kernels: {path} (ISA {isa}, available "
+                     f"{list(torch.ops.exactspec.available_isas())})\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+// The kernels, written once over the 16-lane type V of the including unit (vec_*.h), which
+// also defines ES_MR x ES_NR, the register tile of the matrix product. Included inside one
+// namespace per ISA. See isa.h for the invariance rule every function here keeps.
+#pragma once
+
+// ---- loads of 16 weights of a type; a tail of n < 16 is read through a zero-padded copy ----
+template <int WT> static inline V loadw(const void* w, int64_t off);
+template <> inline V loadw<W_F32>(const void* w, int64_t off) {
+  return vload(static_cast<const float*>(w) + off);
+}
+template <> inline V loadw<W_BF16>(const void* w, int64_t off) {
+  return vload_bf16(static_cast<const uint16_t*>(w) + off);
+}
+template <> inline V loadw<W_I8>(const void* w, int64_t off) {
+  return vload_i8(static_cast<const int8_t*>(w) + off);
+}
+template <int WT> static inline V loadw_tail(const void* w, int64_t off, int64_t n) {
+  if (WT == W_F32) {
+    float b[16] = {0};
+    for (int64_t i = 0; i < n; ++i) b[i] = static_cast<const float*>(w)[off + i];
+    return vload(b);
+  } else if (WT == W_BF16) {
+    uint16_t b[16] = {0};
+    for (int64_t i = 0; i < n; ++i) b[i] = static_cast<const uint16_t*>(w)[off + i];
+    return vload_bf16(b);
+  } else {
+    int8_t b[16] = {0};
+    for (int64_t i = 0; i < n; ++i) b[i] = static_cast<const int8_t*>(w)[off + i];
+    return vload_i8(b);
+  }
+}
+static inline V loadx_tail(const float* p, int64_t n) {
+  float b[16] = {0};
+  for (int64_t i = 0; i < n; ++i) b[i] = p[i];
+  return vload(b);
+}
+
+// ---- matrix product: an MR x NR tile of outputs, each its own 16-lane accumulator ----
+template <int WT, int MR, int NR>
+static void tile(const float* x, int64_t K, const void* w, const float* scale, float* y,
+                 int64_t ldy, int64_t n) {
+  V acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = vzero();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    V wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = loadw<WT>(w, (n + j) * K + k);
+    for (int i = 0; i < MR; ++i) {
+      V xv = vload(x + i * K + k);
+      for (int j = 0; j < NR; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
+    }
+  }
+  if (k < K) {
+    const int64_t r = K - k;
+    V wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = loadw_tail<WT>(w, (n + j) * K + k, r);
+    for (int i = 0; i < MR; ++i) {
+      V xv = loadx_tail(x + i * K + k, r);
+      for (int j = 0; j < NR; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      float s = vhsum(acc[i][j]);
+      if (scale) s = s * scale[n + j];
+      y[i * ldy + n + j] = s;
+    }
+}
+
+typedef void (*TileFn)(const float*, int64_t, const void*, const float*, float*, int64_t, int64_t);
+#define ES_ROW(WT, i) {tile<WT, i, 1>, tile<WT, i, 2>, tile<WT, i, 3>, tile<WT, i, 4>}
+
+template <int WT>
+static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const float* scale,
+                     float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  static const TileFn table[4][4] = {ES_ROW(WT, 1), ES_ROW(WT, 2), ES_ROW(WT, 3), ES_ROW(WT, 4)};
+  // a block of NB weight rows stays in cache while every tile of rows of x passes over it, so
+  // for M <= ES_MR each weight is read from memory once per call
+  const int64_t NB = 32;
+  for (int64_t nb = n0; nb < n1; nb += NB) {
+    const int64_t nbe = nb + NB < n1 ? nb + NB : n1;
+    for (int64_t m0 = 0; m0 < M; m0 += ES_MR) {
+      const int64_t mr = M - m0 < ES_MR ? M - m0 : ES_MR;
+      for (int64_t n = nb; n < nbe; n += ES_NR) {
+        const int64_t nr = nbe - n < ES_NR ? nbe - n : ES_NR;
+        table[mr - 1][nr - 1](x + m0 * K, K, w, scale, y + m0 * ldy, ldy, n);
+      }
+    }
+  }
+}
+
+static void linear(const float* x, int64_t M, int64_t K, const void* w, int wtype,
+                   const float* scale, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  if (wtype == W_F32) linear_t<W_F32>(x, M, K, w, scale, y, ldy, n0, n1);
+  else if (wtype == W_BF16) linear_t<W_BF16>(x, M, K, w, scale, y, ldy, n0, n1);
+  else linear_t<W_I8>(x, M, K, w, scale, y, ldy, n0, n1);
+}
+
+// ---- a dot product of two float vectors of length n, the same order as the product above ----
+static inline float dot(const float* a, const float* b, int64_t n) {
+  V acc = vzero();
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) acc = vfma(vload(a + k), vload(b + k), acc);
+  if (k < n) acc = vfma(loadx_tail(a + k, n - k), loadx_tail(b + k, n - k), acc);
+  return vhsum(acc);
+}
+
+// ---- exp: Cody-Waite reduction and the Cephes polynomial, the same ops in every unit ----
+static inline V vexp(V x) {
+  x = vmax(vmin(x, vset1(88.0f)), vset1(-87.0f));
+  V n = vround(vmul(x, vset1(1.44269504088896341f)));
+  V r = vfma(n, vset1(-0.693359375f), x);
+  r = vfma(n, vset1(2.12194440e-4f), r);
+  V p = vset1(1.9875691500e-4f);
+  p = vfma(p, r, vset1(1.3981999507e-3f));
+  p = vfma(p, r, vset1(8.3334519073e-3f));
+  p = vfma(p, r, vset1(4.1665795894e-2f));
+  p = vfma(p, r, vset1(1.6666665459e-1f));
+  p = vfma(p, r, vset1(5.0000001201e-1f));
+  p = vadd(vfma(p, vmul(r, r), r), vset1(1.0f));
+  return vmul(p, vpow2i(n));
+}
+
+// ---- RMSNorm, one row at a time ----
+static void rms_norm(const float* x, const float* w, float eps, int64_t H, float* y,
+                     int64_t m0, int64_t m1) {
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* xr = x + m * H;
+    float* yr = y + m * H;
+    const float ms = dot(xr, xr, H) / static_cast<float>(H);
+    const float inv = 1.0f / __builtin_sqrtf(ms + eps);
+    for (int64_t i = 0; i < H; ++i) yr[i] = (xr[i] * inv) * w[i];
+  }
+}
+
+// ---- silu(gate) * up, elementwise ----
+static void silu_mul(const float* g, int64_t I, float* y, int64_t m0, int64_t m1) {
+  const V one = vset1(1.0f), zero = vzero();
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* gate = g + m * 2 * I;
+    const float* up = gate + I;
+    float* yr = y + m * I;
+    for (int64_t i = 0; i < I; i += 16) {
+      const int64_t r = I - i < 16 ? I - i : 16;
+      V gv = r == 16 ? vload(gate + i) : loadx_tail(gate + i, r);
+      V uv = r == 16 ? vload(up + i) : loadx_tail(up + i, r);
+      V s = vdiv(gv, vadd(one, vexp(vsub(zero, gv))));
+      float out[16];
+      vstore(out, vmul(s, uv));
+      for (int64_t j = 0; j < r; ++j) yr[i + j] = out[j];
+    }
+  }
+}
+
+// ---- RoPE (rotate-half), in place: x*cos + rotate_half(x)*sin, each product rounded ----
+static void rope(float* x, int64_t ldx, int64_t heads, int64_t d, const float* cos,
+                 const float* sin, int64_t m0, int64_t m1) {
+  const int64_t half = d / 2;
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* c = cos + m * d;
+    const float* s = sin + m * d;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* p = x + m * ldx + h * d;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = p[i], b = p[i + half];
+        const float lo = a * c[i] - b * s[i];
+        const float hi = b * c[i + half] + a * s[i + half];
+        p[i] = lo;
+        p[i + half] = hi;
+      }
+    }
+  }
+}
+
+// ---- attention of one query over its visible keys, in key order ----
+static void attend(const float* q, const float* k, const float* v, int64_t ldk, int64_t S,
+                   int64_t d, const uint8_t* visible, float scale, float* scores, float* o) {
+  float mx = -__builtin_inff();
+  int64_t last = -1;  // the last visible key
+  for (int64_t j = 0; j < S; ++j) {
+    if (visible && !visible[j]) {
+      scores[j] = 0.0f;
+      continue;
+    }
+    const float s = dot(q, k + j * ldk, d) * scale;
+    scores[j] = s;
+    mx = s > mx ? s : mx;
+    last = j;
+  }
+  for (int64_t i = 0; i < d; ++i) o[i] = 0.0f;
+  if (last < 0) return;  // no visible key (a padding query): zeros
+  // exp in chunks of 16 keys fixed by key index: each value depends on its own score only
+  const V vmx = vset1(mx);
+  for (int64_t j = 0; j <= last; j += 16) {
+    const int64_t r = last + 1 - j < 16 ? last + 1 - j : 16;
+    float out[16];
+    vstore(out, vexp(vsub(r == 16 ? vload(scores + j) : loadx_tail(scores + j, r), vmx)));
+    for (int64_t t = 0; t < r; ++t) scores[j + t] = out[t];
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j <= last; ++j)
+    if (!visible || visible[j]) sum += scores[j];
+  for (int64_t c = 0; c < d; c += 16) {
+    const int64_t r = d - c < 16 ? d - c : 16;
+    V acc = vzero();
+    for (int64_t j = 0; j <= last; ++j) {
+      if (visible && !visible[j]) continue;
+      const float* vj = v + j * ldk + c;
+      acc = vfma(vset1(scores[j]), r == 16 ? vload(vj) : loadx_tail(vj, r), acc);
+    }
+    float out[16];
+    vstore(out, vdiv(acc, vset1(sum)));
+    for (int64_t t = 0; t < r; ++t) o[c + t] = out[t];
+  }
+}
+
+const Isa isa = {ES_NAME, linear, rms_norm, silu_mul, rope, attend};

@@ -1,0 +1,42 @@
+// The kernels one instruction set provides: plain C++ over raw pointers, no torch headers, so
+// each ISA's translation unit can be compiled with its own -m flags without leaking those
+// instructions into inline code shared with other units (every name lives in its own namespace).
+//
+// The batch-invariance rule every kernel keeps: an output element is reduced in one fixed
+// order that depends only on its own inputs (16 lanes, accumulation along the reduced axis in
+// index order per lane, one fixed horizontal-sum tree, fused multiply-add everywhere), never on
+// how many rows share the call, on tiling, or on which thread computes it. The AVX-512, AVX2
+// and portable units implement the same arithmetic, so they agree bit for bit.
+#pragma once
+#include <cstdint>
+
+namespace exactspec {
+
+// dtype codes of a weight matrix
+enum WeightType : int { W_F32 = 0, W_BF16 = 1, W_I8 = 2 };
+
+struct Isa {
+  const char* name;
+  // y[m, n] (row stride ldy) = scale[n] * sum_k x[m, k] w[n, k] for n in [n0, n1), m in [0, M);
+  // w: [N, K] row-major of `wtype`; scale: [N] float or null (then 1)
+  void (*linear)(const float* x, int64_t M, int64_t K, const void* w, int wtype,
+                 const float* scale, float* y, int64_t ldy, int64_t n0, int64_t n1);
+  // y[m, :] = x[m, :] / sqrt(mean(x[m, :]^2) + eps) * w for m in [m0, m1)
+  void (*rms_norm)(const float* x, const float* w, float eps, int64_t H, float* y,
+                   int64_t m0, int64_t m1);
+  // y[m, i] = silu(g[m, i]) * g[m, I + i], g: [M, 2I], for m in [m0, m1)
+  void (*silu_mul)(const float* g, int64_t I, float* y, int64_t m0, int64_t m1);
+  // in place on `heads` heads of d values at x + m * ldx, with cos/sin [M, d], for m in [m0, m1)
+  void (*rope)(float* x, int64_t ldx, int64_t heads, int64_t d, const float* cos,
+               const float* sin, int64_t m0, int64_t m1);
+  // one query: o[d] = sum_j softmax(scale * q.k_j)_j v_j over visible keys j < S (visible[j]
+  // != 0, or all when visible is null), in key order; k_j = k + j * ldk; scores: S floats
+  void (*attend)(const float* q, const float* k, const float* v, int64_t ldk, int64_t S,
+                 int64_t d, const uint8_t* visible, float scale, float* scores, float* o);
+};
+
+namespace avx512 { extern const Isa isa; }
+namespace avx2 { extern const Isa isa; }
+namespace portable { extern const Isa isa; }
+
+}  // namespace exactspec

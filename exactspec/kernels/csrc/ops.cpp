@@ -1,0 +1,255 @@
+// torch operators over the ISA units (namespace `exactspec`, see exactspec/kernels/ops.py for
+// their Python side and fake implementations). Threads split over output columns, rows or
+// queries, never over a reduction, so a result does not depend on the thread count.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "isa.h"
+
+namespace exactspec {
+namespace {
+
+bool cpu_has(const std::string& name) {
+  __builtin_cpu_init();
+  if (name == "avx512")
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
+           __builtin_cpu_supports("fma");
+  if (name == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return name == "portable";
+}
+
+const Isa* by_name(const std::string& name) {
+  if (name == "avx512") return &avx512::isa;
+  if (name == "avx2") return &avx2::isa;
+  if (name == "portable") return &portable::isa;
+  return nullptr;
+}
+
+const Isa* best() {
+  for (const char* n : {"avx512", "avx2"})
+    if (cpu_has(n)) return by_name(n);
+  return &portable::isa;
+}
+
+std::atomic<const Isa*> g_isa{nullptr};
+
+const Isa& isa() {
+  const Isa* p = g_isa.load();
+  if (!p) {
+    const char* env = std::getenv("EXACTSPEC_KERNEL_ISA");
+    p = (env && *env && by_name(env) && cpu_has(env)) ? by_name(env) : best();
+    g_isa.store(p);
+  }
+  return *p;
+}
+
+std::string set_isa(const std::string& name) {
+  if (name.empty() || name == "auto") {
+    g_isa.store(best());
+  } else {
+    TORCH_CHECK(by_name(name), "unknown ISA '", name, "': use avx512, avx2, portable or auto");
+    TORCH_CHECK(cpu_has(name), "this CPU cannot run the ", name, " kernels");
+    g_isa.store(by_name(name));
+  }
+  return isa().name;
+}
+
+std::string current_isa() { return isa().name; }
+
+std::vector<std::string> available_isas() {
+  std::vector<std::string> out;
+  for (const char* n : {"avx512", "avx2", "portable"})
+    if (cpu_has(n)) out.push_back(n);
+  return out;
+}
+
+// enough work (multiply-adds) to be worth waking a second thread
+constexpr int64_t kParallelWork = 1 << 16;
+
+void check_f32_rows(const at::Tensor& t, const char* what, int64_t dim) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, what,
+              " must be a float32 CPU tensor, got ", t.scalar_type(), " on ", t.device());
+  TORCH_CHECK(t.dim() == dim, what, " must have ", dim, " dims, got ", t.sizes());
+}
+
+struct Task {
+  const void* w;       // the weight part
+  int wt;              // its WeightType
+  const float* scale;  // its per-row scales or null
+  int64_t col;         // its first output column
+  int64_t r0, r1;      // rows of the part in this task
+};
+
+at::Tensor linear(const at::Tensor& x_, at::TensorList weights,
+                  const c10::optional<at::Tensor>& scales) {
+  check_f32_rows(x_, "x", 2);
+  TORCH_CHECK(!weights.empty(), "linear needs at least one weight");
+  const at::Tensor x = x_.contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  int64_t N = 0;
+  std::vector<Task> tasks;
+  const int64_t kRows = 64;  // weight rows per task
+  for (const at::Tensor& w : weights) {
+    TORCH_CHECK(w.dim() == 2 && w.size(1) == K && w.is_contiguous() && w.device().is_cpu(),
+                "each weight must be a contiguous CPU [out, ", K, "] matrix, got ", w.sizes());
+    int wt;
+    switch (w.scalar_type()) {
+      case at::kFloat: wt = W_F32; break;
+      case at::kBFloat16: wt = W_BF16; break;
+      case at::kChar: wt = W_I8; break;
+      default: TORCH_CHECK(false, "weight dtype ", w.scalar_type(), " is not supported");
+    }
+    for (int64_t r = 0; r < w.size(0); r += kRows)
+      tasks.push_back({w.data_ptr(), wt, nullptr, N, r, std::min(r + kRows, w.size(0))});
+    N += w.size(0);
+  }
+  if (scales.has_value()) {
+    const at::Tensor& s = *scales;
+    TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 1 && s.size(0) == N &&
+                    s.is_contiguous(), "scales must be a contiguous float32 [", N, "] tensor");
+    for (Task& t : tasks) t.scale = s.data_ptr<float>() + t.col;
+  }
+  at::Tensor y = at::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const Isa& k = isa();
+  auto run = [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const Task& t = tasks[i];
+      k.linear(xp, M, K, t.w, t.wt, t.scale, yp + t.col, N, t.r0, t.r1);
+    }
+  };
+  const int64_t n = static_cast<int64_t>(tasks.size());
+  if (M * N * K >= kParallelWork && n > 1) at::parallel_for(0, n, 1, run);
+  else run(0, n);
+  return y;
+}
+
+template <class F>
+void over_rows(int64_t M, int64_t work_per_row, F f) {
+  if (M > 1 && M * work_per_row >= kParallelWork) at::parallel_for(0, M, 1, f);
+  else f(0, M);
+}
+
+at::Tensor rms_norm(const at::Tensor& x_, const at::Tensor& w_, double eps) {
+  check_f32_rows(x_, "x", 2);
+  const at::Tensor x = x_.contiguous(), w = w_.contiguous().to(at::kFloat);
+  const int64_t M = x.size(0), H = x.size(1);
+  TORCH_CHECK(w.numel() == H, "norm weight has ", w.numel(), " values for rows of ", H);
+  at::Tensor y = at::empty_like(x);
+  const Isa& k = isa();
+  over_rows(M, H, [&](int64_t b, int64_t e) {
+    k.rms_norm(x.data_ptr<float>(), w.data_ptr<float>(), static_cast<float>(eps), H,
+               y.data_ptr<float>(), b, e);
+  });
+  return y;
+}
+
+at::Tensor silu_mul(const at::Tensor& g_) {
+  check_f32_rows(g_, "gate_up", 2);
+  const at::Tensor g = g_.contiguous();
+  TORCH_CHECK(g.size(1) % 2 == 0, "gate_up must have an even number of columns");
+  const int64_t M = g.size(0), I = g.size(1) / 2;
+  at::Tensor y = at::empty({M, I}, g.options());
+  const Isa& k = isa();
+  over_rows(M, 16 * I, [&](int64_t b, int64_t e) {
+    k.silu_mul(g.data_ptr<float>(), I, y.data_ptr<float>(), b, e);
+  });
+  return y;
+}
+
+void rope_(const at::Tensor& x, const at::Tensor& cos_, const at::Tensor& sin_, int64_t heads) {
+  check_f32_rows(x, "x", 2);
+  TORCH_CHECK(x.stride(1) == 1, "x must be row-major");
+  const at::Tensor c = cos_.contiguous(), s = sin_.contiguous();
+  check_f32_rows(c, "cos", 2);
+  check_f32_rows(s, "sin", 2);
+  const int64_t M = x.size(0), d = c.size(1);
+  TORCH_CHECK(c.size(0) == M && s.sizes() == c.sizes() && d % 2 == 0 && heads * d <= x.size(1),
+              "rope: cos / sin must be [", M, ", d] with heads * d <= ", x.size(1));
+  const Isa& k = isa();
+  over_rows(M, heads * d, [&](int64_t b, int64_t e) {
+    k.rope(x.data_ptr<float>(), x.stride(0), heads, d, c.data_ptr<float>(),
+           s.data_ptr<float>(), b, e);
+  });
+}
+
+// q [B, T, h, d], k / v [B, kv, S, d] (strided over B and kv; rows of d contiguous, one key
+// every ldk floats), mask [B, 1, T, S] or [B, T, S] bool or none -> [B, T, h, d]
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const c10::optional<at::Tensor>& mask_, double scale) {
+  check_f32_rows(q, "q", 4);
+  check_f32_rows(k, "k", 4);
+  check_f32_rows(v, "v", 4);
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), d = q.size(3);
+  const int64_t KV = k.size(1), S = k.size(2);
+  TORCH_CHECK(k.size(0) == B && k.size(3) == d && v.sizes() == k.sizes() && H % KV == 0,
+              "attention: q ", q.sizes(), " k ", k.sizes(), " v ", v.sizes());
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1 &&
+                  k.stride(2) == v.stride(2) && k.stride(0) == v.stride(0) &&
+                  k.stride(1) == v.stride(1), "attention: rows of d must be contiguous and k, v "
+              "laid out alike");
+  at::Tensor mask;
+  int64_t mb = 0, mt = 0;
+  if (mask_.has_value()) {
+    mask = *mask_;
+    if (mask.dim() == 4) mask = mask.select(1, 0);
+    TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 3 && mask.size(0) == B &&
+                    mask.size(1) == T && mask.size(2) == S, "attention: mask must be bool [B, T, S]");
+    if (mask.stride(2) != 1) mask = mask.contiguous();
+    mb = mask.stride(0);
+    mt = mask.stride(1);
+  }
+  at::Tensor o = at::empty({B, T, H, d}, q.options());
+  const Isa& kern = isa();
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const uint8_t* mp = mask.defined() ? reinterpret_cast<const uint8_t*>(mask.data_ptr<bool>())
+                                     : nullptr;
+  float* op = o.data_ptr<float>();
+  const int64_t rep = H / KV;
+  auto run = [&](int64_t b0, int64_t e0) {
+    std::vector<float> scores(S + 16);
+    for (int64_t i = b0; i < e0; ++i) {
+      const int64_t b = i / (T * H), t = (i / H) % T, h = i % H;
+      const int64_t off = b * k.stride(0) + (h / rep) * k.stride(1);
+      kern.attend(qp + b * q.stride(0) + t * q.stride(1) + h * q.stride(2), kp + off, vp + off,
+                  k.stride(2), S, d, mp ? mp + b * mb + t * mt : nullptr,
+                  static_cast<float>(scale), scores.data(), op + ((b * T + t) * H + h) * d);
+    }
+  };
+  const int64_t n = B * T * H;
+  if (n > 1 && n * S * d >= kParallelWork) at::parallel_for(0, n, 1, run);
+  else run(0, n);
+  return o;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(exactspec, m) {
+  m.def("linear(Tensor x, Tensor[] weights, Tensor? scales=None) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin, int heads) -> ()");
+  m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor");
+  m.def("set_isa(str name) -> str", set_isa);
+  m.def("current_isa() -> str", current_isa);
+  m.def("available_isas() -> str[]", available_isas);
+}
+
+TORCH_LIBRARY_IMPL(exactspec, CPU, m) {
+  m.impl("linear", linear);
+  m.impl("rms_norm", rms_norm);
+  m.impl("silu_mul", silu_mul);
+  m.impl("rope_", rope_);
+  m.impl("attention", attention);
+}
+
+}  // namespace exactspec

@@ -1,0 +1,50 @@
+// 16 float lanes as two AVX2 registers (lanes 0-7, 8-15): the same arithmetic as AVX-512.
+#pragma once
+#include <immintrin.h>
+#include <cstdint>
+
+struct V { __m256 a, b; };
+static inline V vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+static inline V vset1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+static inline V vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+static inline __m256 bf16x8(const uint16_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static inline V vload_bf16(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
+static inline __m256 i8x8(const int8_t* p) {
+  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+static inline V vload_i8(const int8_t* p) { return {i8x8(p), i8x8(p + 8)}; }
+static inline void vstore(float* p, V x) { _mm256_storeu_ps(p, x.a); _mm256_storeu_ps(p + 8, x.b); }
+static inline V vfma(V x, V y, V z) {
+  return {_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)};
+}
+#define ES_V2(name, op) \
+  static inline V name(V x, V y) { return {op(x.a, y.a), op(x.b, y.b)}; }
+ES_V2(vadd, _mm256_add_ps)
+ES_V2(vsub, _mm256_sub_ps)
+ES_V2(vmul, _mm256_mul_ps)
+ES_V2(vdiv, _mm256_div_ps)
+ES_V2(vmin, _mm256_min_ps)
+ES_V2(vmax, _mm256_max_ps)
+static inline V vround(V x) {
+  const int r = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  return {_mm256_round_ps(x.a, r), _mm256_round_ps(x.b, r)};
+}
+static inline __m256 pow2i8(__m256 n) {
+  __m256i i = _mm256_cvtps_epi32(n);
+  i = _mm256_slli_epi32(_mm256_add_epi32(i, _mm256_set1_epi32(127)), 23);
+  return _mm256_castsi256_ps(i);
+}
+static inline V vpow2i(V n) { return {pow2i8(n.a), pow2i8(n.b)}; }
+static inline float vhsum(V x) {
+  __m256 s8 = _mm256_add_ps(x.a, x.b);  // lane i: l[i] + l[i + 8], as AVX-512's halves
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+#define ES_MR 2
+#define ES_NR 4

@@ -1,0 +1,47 @@
+// 16 float lanes as a plain array: the same arithmetic as the vector units (fmaf for every
+// fused multiply-add; compiled with -ffp-contract=off so nothing else is fused).
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+struct V { float l[16]; };
+#define ES_LANES(expr) { V r; for (int i = 0; i < 16; ++i) r.l[i] = (expr); return r; }
+static inline V vzero() ES_LANES(0.0f)
+static inline V vset1(float a) ES_LANES(a)
+static inline V vload(const float* p) ES_LANES(p[i])
+static inline V vload_bf16(const uint16_t* p) {
+  V r;
+  for (int i = 0; i < 16; ++i) {
+    uint32_t u = static_cast<uint32_t>(p[i]) << 16;
+    std::memcpy(&r.l[i], &u, 4);
+  }
+  return r;
+}
+static inline V vload_i8(const int8_t* p) ES_LANES(static_cast<float>(p[i]))
+static inline void vstore(float* p, V a) { for (int i = 0; i < 16; ++i) p[i] = a.l[i]; }
+static inline V vfma(V a, V b, V c) ES_LANES(__builtin_fmaf(a.l[i], b.l[i], c.l[i]))
+static inline V vadd(V a, V b) ES_LANES(a.l[i] + b.l[i])
+static inline V vsub(V a, V b) ES_LANES(a.l[i] - b.l[i])
+static inline V vmul(V a, V b) ES_LANES(a.l[i] * b.l[i])
+static inline V vdiv(V a, V b) ES_LANES(a.l[i] / b.l[i])
+static inline V vmin(V a, V b) ES_LANES(a.l[i] < b.l[i] ? a.l[i] : b.l[i])
+static inline V vmax(V a, V b) ES_LANES(a.l[i] > b.l[i] ? a.l[i] : b.l[i])
+static inline V vround(V a) ES_LANES(__builtin_rintf(a.l[i]))
+static inline V vpow2i(V n) {
+  V r;
+  for (int i = 0; i < 16; ++i) {
+    uint32_t u = static_cast<uint32_t>(static_cast<int32_t>(n.l[i]) + 127) << 23;
+    std::memcpy(&r.l[i], &u, 4);
+  }
+  return r;
+}
+static inline float vhsum(V a) {
+  float s8[8], s4[4];
+  for (int i = 0; i < 8; ++i) s8[i] = a.l[i] + a.l[i + 8];
+  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+  float s2a = s4[0] + s4[2], s2b = s4[1] + s4[3];
+  return s2a + s2b;
+}
+#undef ES_LANES
+#define ES_MR 4
+#define ES_NR 4

@@ -1,0 +1,122 @@
+"""The Python side of the kernels: loading (building on first use if needed), the fallback
+decision with its one warning line, fake implementations for torch.library, typed wrappers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+
+import torch
+
+from exactspec.kernels.build import build, failure_path, library_path
+
+log = logging.getLogger(__name__)
+
+_STATE: dict[str, object] = {}  # "loaded": bool, "reason": why not, once tried
+_WARNED: set[str] = set()  # reasons already warned about (one line per process each)
+
+
+def _load() -> bool:
+    if "loaded" not in _STATE:
+        try:
+            path = library_path()
+            if path.is_file():
+                torch.ops.load_library(str(path))
+            elif failure_path().is_file():  # `python -m exactspec.kernels` retries
+                raise RuntimeError(f"the build failed earlier, see {failure_path()}")
+            else:
+                log.info("building the exactspec kernels for this CPU (once)")
+                build()
+            _register_fakes()
+            _STATE["loaded"] = True
+        except (OSError, RuntimeError, ImportError, subprocess.CalledProcessError) as exc:
+            _STATE["loaded"] = False
+            _STATE["reason"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    return bool(_STATE["loaded"])
+
+
+def enabled() -> bool:
+    """Whether the kernels are usable here and not turned off (EXACTSPEC_KERNELS=0). When not,
+    one warning line says why (once per process and reason) and callers use the torch path."""
+    if os.environ.get("EXACTSPEC_KERNELS", "1") == "0":
+        reason = "turned off by EXACTSPEC_KERNELS=0"
+    elif _load():
+        return True
+    else:
+        reason = f"not built ({_STATE['reason']})"
+    if reason not in _WARNED:
+        _WARNED.add(reason)
+        log.warning("exactspec kernels %s: the lean forward runs on torch operators, which are "
+                    "not batch-invariant", reason)
+    return False
+
+
+def _register_fakes() -> None:
+    lib = "exactspec::"
+    register = torch.library.register_fake
+
+    @register(lib + "linear")
+    def _linear(x, weights, scales=None):
+        return x.new_empty(x.shape[0], sum(w.shape[0] for w in weights))
+
+    @register(lib + "rms_norm")
+    def _rms_norm(x, weight, eps):
+        return torch.empty_like(x)
+
+    @register(lib + "silu_mul")
+    def _silu_mul(gate_up):
+        return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+
+    @register(lib + "rope_")
+    def _rope(x, cos, sin, heads):
+        return None
+
+    @register(lib + "attention")
+    def _attention(q, k, v, mask, scale):
+        return q.new_empty(q.shape)
+
+
+def linear(x: torch.Tensor, weights: list[torch.Tensor],  # [M, K] -> [M, sum N_i] float32
+           scales: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ cat(weights)^T (each [N_i, K] float32, bfloat16 or int8), times `scales` ([N]
+    float32, per output column) if given; one call for fused q/k/v or gate/up parts."""
+    return torch.ops.exactspec.linear(x, weights, scales)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [M, H]
+    """x / sqrt(mean(x^2) + eps) * weight, row by row."""
+    return torch.ops.exactspec.rms_norm(x, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [M, 2I] -> [M, I]
+    """silu(gate) * up for gate_up = [gate | up]."""
+    return torch.ops.exactspec.silu_mul(gate_up)
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> None:
+    """RoPE (rotate-half) in place on the first `heads` heads of each row of x [M, C];
+    cos, sin: [M, d]."""
+    torch.ops.exactspec.rope_(x, cos, sin, heads)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # -> [B, T, h, d]
+              mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """softmax(scale q k^T) v per query over its visible keys (GQA: head i reads kv head
+    i // (h / kv)); q [B, T, h, d], k, v [B, kv, S, d], mask [B, 1, T, S] or [B, T, S] bool
+    (True = visible) or None (all)."""
+    return torch.ops.exactspec.attention(q, k, v, mask, scale)
+
+
+def set_isa(name: str) -> str:
+    """Force an instruction set ("avx512", "avx2", "portable", or "auto"); returns the one used."""
+    return torch.ops.exactspec.set_isa(name)
+
+
+def current_isa() -> str:
+    return torch.ops.exactspec.current_isa()
+
+
+def available_isas() -> list[str]:
+    """The instruction sets this CPU runs, best first."""
+    return list(torch.ops.exactspec.available_isas())
