@@ -4,7 +4,8 @@ p is always the target distribution and q the draft distribution (Leviathan et a
 
 Names are imported on first use (PEP 562 `__getattr__`), so `import exactspec` and
 `exactspec --help` do not pay for torch and transformers. To export a new name, add one line
-to `_LAZY`: public name -> the module that defines it.
+to `_LAZY`: public name -> the module that defines it. Subpackages (`es.sampling`,
+`es.drafters`, `es.audit`, ...) are imported on first use the same way.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ _LAZY: dict[str, str] = {
     "DraftModel": "exactspec.drafters",
     "Drafter": "exactspec.drafters",
     "EagleDrafter": "exactspec.drafters",
+    "GgufDraft": "exactspec.drafters.gguf_draft",
     "PromptLookup": "exactspec.drafters",
     "QuantizedDraft": "exactspec.drafters",
     "SuffixDrafter": "exactspec.drafters",
@@ -48,15 +50,26 @@ __all__ = sorted(_LAZY)  # built from the table, so it never drifts from it
 
 
 def __getattr__(name: str) -> Any:
-    """Import the module defining `name` on first use and cache the value in this module."""
+    """Import the module defining `name` (or the subpackage `name`) on first use and cache
+    the value in this module."""
     module = _LAZY.get(name)
-    if module is None:
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    elif name in _subpackages():
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
         raise AttributeError(f"module 'exactspec' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 
 
+def _subpackages() -> set[str]:
+    """The modules and subpackages directly inside exactspec (`es.sampling`, ...)."""
+    import pkgutil
+
+    return {m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")}
+
+
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | _subpackages())
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from exactspec.batch.output import OutputFile, job_file
+from exactspec.batch.paths import check_job_paths
 from exactspec.batch.rows import BadRow, InputRow, read_rows, row_params, row_seed
 from exactspec.batch.work import EngineSpec, Task, Worker
 from exactspec.engine.session import Engine
@@ -88,12 +89,12 @@ def run_batch(cfg: BatchConfig, *, engine: Engine | None = None,
         ok, bad = _encode(runner, cfg, rows, bad)
         if bad and cfg.errors is None:
             raise InvalidValue(_refusal(cfg.input, bad))
-        if cfg.errors is not None:
-            with open(cfg.errors, "w", encoding="utf-8") as f:
-                for b in bad:
-                    f.write(json.dumps(b.as_dict(), ensure_ascii=False) + "\n")
         name = engine.model.name if engine is not None else _model_name(cfg.engine.model)
         with OutputFile(cfg.output, _settings(cfg, seed, name)) as out:
+            if cfg.errors is not None:  # after the output's checks: a refused resume writes nothing
+                with open(cfg.errors, "w", encoding="utf-8") as f:
+                    for b in bad:
+                        f.write(json.dumps(b.as_dict(), ensure_ascii=False) + "\n")
             tasks, total = _tasks(cfg, ok, seed, out.done)
             already = total - len(tasks)
             stray = len(out.done) - already
@@ -146,10 +147,7 @@ def _check(cfg: BatchConfig, engine: Engine | None) -> None:
     if engine is not None and cfg.ray:
         raise InvalidValue("an already built engine runs in this process; drop engine= to "
                            "run on Ray (each actor builds its own from cfg.engine)")
-    if Path(cfg.input).resolve() == Path(cfg.output).resolve():
-        raise InvalidValue(f"the input and output are the same file {cfg.input}")
-    if not Path(cfg.input).is_file():
-        raise FileNotFoundError(f"no input file {cfg.input}")
+    check_job_paths(cfg.input, cfg.output, cfg.errors)
 
 
 def _resumed_seed(out: Path) -> int:

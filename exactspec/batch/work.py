@@ -40,6 +40,13 @@ def _draft_model(target: Model, arg: str):
     return DraftModel(load(arg))
 
 
+def _cross_vocab(target: Model, arg: str):
+    from exactspec.drafters import CrossVocabDraft
+    from exactspec.models import load
+
+    return CrossVocabDraft(load(arg))
+
+
 def _eagle(target: Model, arg: str):
     from exactspec.drafters import load_drafter
 
@@ -50,7 +57,7 @@ def _eagle(target: Model, arg: str):
 # there): kind -> factory(target, argument).
 DRAFTERS: dict[str, Callable[[Model, str], object]] = {
     "quantized": _quantized, "prompt-lookup": _prompt_lookup, "draft": _draft_model,
-    "eagle": _eagle,
+    "cross-vocab": _cross_vocab, "eagle": _eagle,
 }
 
 

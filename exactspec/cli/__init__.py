@@ -30,10 +30,12 @@ __all__ = ["SUBCOMMANDS", "UsageError", "build_parser", "main", "run_audit"]
 
 
 def run_audit(cfg):
-    """exactspec.audit.run_audit, imported on first use (tests replace this name)."""
+    """exactspec.audit.run_audit, imported on first use (tests replace this name); its bar
+    only on a terminal or with --progress."""
     from exactspec.audit import run_audit as run
+    from exactspec.cli.common import bars
 
-    return run(cfg)
+    return run(cfg, progress=bars())
 
 
 def build_parser() -> argparse.ArgumentParser:

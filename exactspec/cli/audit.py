@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exactspec.cli.common import UsageError, refuse_without, value_or
+from exactspec.cli.common import UsageError, bars, refuse_without, value_or
 
 
 def add(sub) -> None:
@@ -47,7 +47,7 @@ def _run_lossy(args) -> int:
         raise UsageError(f"--samples {args.samples} is too small; use at least 100")
     sizes = {} if args.samples is None else {"rows": args.samples}
     cfg = LossyConfig(seed=args.seed, **sizes)
-    result = run_lossy(cfg)
+    result = run_lossy(cfg, progress=bars())
     print(format_lossy(result, cfg))
     png = value_or(args, "png", "lossy.png")
     if png:

@@ -34,6 +34,8 @@ def add(sub) -> None:
                           help="draft by copying n-grams from the prompt and output")
     drafters.add_argument("--draft", metavar="MODEL", default=None,
                           help="draft model sharing the target's vocabulary")
+    drafters.add_argument("--cross-vocab-draft", metavar="MODEL", default=None,
+                          help="draft model with another tokenizer (es.CrossVocabDraft)")
     drafters.add_argument("--eagle", metavar="HEAD", nargs="?", const="smollm2-135m",
                           default=None, help="draft with an EAGLE-style head (the shipped name "
                           "or a train-draft directory)")
@@ -86,6 +88,8 @@ def _drafter(args: argparse.Namespace) -> tuple[str, str] | None:
         return ("prompt-lookup", "")
     if args.draft:
         return ("draft", args.draft)
+    if args.cross_vocab_draft:
+        return ("cross-vocab", args.cross_vocab_draft)
     if args.eagle:
         return ("eagle", args.eagle)
     return None
@@ -95,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
     refuse_without(args, {"workers": "--workers"}, args.ray is not None, "--ray")
     drafter = _drafter(args)
     refuse_without(args, {"num_draft_tokens": "--num-draft-tokens", "verify": "--verify"},
-                   drafter is not None, "a drafter (--quantized-draft, --prompt-lookup, --draft "
-                   "or --eagle); without one, decoding is plain")
+                   drafter is not None, "a drafter (--quantized-draft, --prompt-lookup, --draft, "
+                   "--cross-vocab-draft or --eagle); without one, decoding is plain")
     workers = value_or(args, "workers", 2)
     from exactspec.batch import BatchConfig, EngineSpec, run_batch
     from exactspec.sampling import SamplingParams

@@ -55,7 +55,8 @@ def run(args) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     choice = drafter_choice(args)
-    if not (choice.prompt_lookup or choice.draft or choice.eagle or choice.quantized_draft):
+    if not (choice.prompt_lookup or choice.draft or choice.eagle or choice.quantized_draft
+            or choice.cross_vocab_draft):
         choice.quantized_draft = 8  # the comparison: the quantized self-draft
     model = load(args.model)
     drafter, name = build_drafter(choice, model)

@@ -6,6 +6,7 @@ Nothing here imports torch: `exactspec --help` and `--version` must stay fast.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -100,19 +101,48 @@ def names_user_file(exc: FileNotFoundError, args: argparse.Namespace) -> bool:
 
 
 def draft_tokens(text: str) -> int | str:
-    """argparse type of --num-draft-tokens: 'auto' or an int >= 0."""
+    """argparse type of --num-draft-tokens: 'auto' or an int >= 1.
+
+    It only applies with a drafter (refused without one), and 0 would decode plainly under
+    the drafter's label, so 0 is refused with the fix named.
+    """
     if text == "auto":
         return text
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int or 'auto', got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 or 'auto', got {value}")
+        raise argparse.ArgumentTypeError(f"expected an int >= 1 or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"{value} drafts nothing: give N >= 1 or 'auto', or drop the drafter flag for plain "
+            "decoding")
     return value
 
 
+def bars() -> bool:
+    """Whether progress bars show: `--progress` (EXACTSPEC_PROGRESS=1) forces them, 0 hides
+    them, otherwise only when stderr is a terminal (as exactspec.models.loading.progress_off)."""
+    flag = os.environ.get("EXACTSPEC_PROGRESS", "").strip()
+    if flag in ("0", "1"):
+        return flag == "1"
+    return sys.stderr.isatty()
+
+
 def warn_lossy(verify: str, tail: str = "") -> None:
-    """The one stderr line every command prints when `verify` is an opt-in lossy rule."""
+    """The one stderr line every command prints when `verify` is an opt-in lossy rule.
+
+    The library logs its own warning at each `generate` call with such a rule; after this
+    line that record would repeat it, so it is dropped from here on (the CLI's line is the one).
+    """
     print(f"warning: --verify {verify} is a lossy rule: the text is NOT distributed as the "
           f"target's (exactspec audit --lossy measures how far){tail}", file=sys.stderr)
+    logger = logging.getLogger("exactspec.engine.arguments")
+    if not any(isinstance(f, _LossyRecordFilter) for f in logger.filters):
+        logger.addFilter(_LossyRecordFilter())
+
+
+class _LossyRecordFilter(logging.Filter):
+    """Drops the library's "LOSSY rule" warning, which `warn_lossy` already printed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is a LOSSY rule" not in str(record.msg)

@@ -20,7 +20,8 @@ from exactspec.cli.common import (
 )
 
 DTYPES = ("float32", "bfloat16")  # what exactspec.load accepts as dtype
-DRAFTER_FLAGS = "a drafter (--draft, --prompt-lookup, --eagle, --quantized-draft or --gguf-draft)"
+DRAFTER_FLAGS = ("a drafter (--draft, --cross-vocab-draft, --prompt-lookup, --eagle, "
+                 "--quantized-draft or --gguf-draft)")
 K_DEFAULT = 4  # draft tokens per step when --num-draft-tokens is not given
 VERIFY_DEFAULT = "token"  # verification method when --verify is not given
 
@@ -41,6 +42,9 @@ def add(sub) -> None:
     drafters = p.add_mutually_exclusive_group()
     drafters.add_argument("--draft", metavar="MODEL", default=None,
                           help="draft model sharing the target's vocabulary")
+    drafters.add_argument("--cross-vocab-draft", metavar="MODEL", default=None,
+                          help="draft model with another tokenizer (es.CrossVocabDraft: tokens "
+                          "matched by the text they stand for; still exact)")
     drafters.add_argument("--prompt-lookup", action="store_true",
                           help="draft by copying n-grams from the prompt and output")
     drafters.add_argument("--eagle", metavar="HEAD", nargs="?", const="smollm2-135m", default=None,
@@ -102,7 +106,7 @@ def check_combinations(args: argparse.Namespace) -> None:
     """Refuse flags that would be silently ignored in this combination (one line each)."""
     if not args.prompt.strip():
         raise UsageError("the prompt is empty")
-    has_drafter = bool(args.draft or args.prompt_lookup or args.eagle
+    has_drafter = bool(args.draft or args.cross_vocab_draft or args.prompt_lookup or args.eagle
                        or args.quantized_draft or args.gguf_draft is not None)
     refuse_without(args, {"num_draft_tokens": "--num-draft-tokens", "verify": "--verify",
                           "compare_plain": "--compare-plain"}, has_drafter,
@@ -164,7 +168,13 @@ def run(args: argparse.Namespace) -> int:
     check_combinations(args)
     import json
 
-    from exactspec.drafters import DraftModel, PromptLookup, QuantizedDraft, load_drafter
+    from exactspec.drafters import (
+        CrossVocabDraft,
+        DraftModel,
+        PromptLookup,
+        QuantizedDraft,
+        load_drafter,
+    )
     from exactspec.drafters.gguf_draft import GgufDraft
     from exactspec.engine import generate, stream
     from exactspec.models import load
@@ -179,12 +189,15 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     model = load(args.model, dtype=args.dtype)
-    drafter, drafter_name = None, "plain"
+    drafter, drafter_name = None, "plain"  # the name is read again after decoding (_named)
     trees = {"tree": args.tree, "siblings": args.siblings or "without_replacement"}
     tree_name = "" if args.tree is None else f", tree {args.tree}, siblings {trees['siblings']}"
     if args.draft:
         drafter = DraftModel(load(args.draft, dtype=args.dtype), **trees)
         drafter_name = f"draft {args.draft}{tree_name}"
+    elif args.cross_vocab_draft:
+        drafter = CrossVocabDraft(load(args.cross_vocab_draft, dtype=args.dtype))
+        drafter_name = f"cross-vocabulary draft {args.cross_vocab_draft}"
     elif args.prompt_lookup:
         drafter, drafter_name = PromptLookup(), "prompt lookup"
         if args.tree:
@@ -196,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.quantized_draft:
         drafter = QuantizedDraft(args.quantized_draft, layers=args.draft_layers,
                                  backend=args.draft_backend or "auto", **trees)
-        drafter_name = f"quantized draft {drafter.bits}-bit ({drafter.backend}){tree_name}"
+        drafter_name = f"quantized draft {drafter.bits}-bit ({{backend}}){tree_name}"
     elif args.gguf_draft is not None:
         drafter = GgufDraft(args.gguf_draft or args.model)
         drafter_name = f"gguf draft {drafter!r}"
@@ -208,18 +221,16 @@ def run(args: argparse.Namespace) -> int:
     kwargs = dict(drafter=drafter, params=params, max_new_tokens=args.max_new_tokens,
                   num_draft_tokens=value_or(args, "num_draft_tokens", K_DEFAULT),
                   verify=verify, stop=args.stop)
-    label = (f"{model.name}, {drafter_name}, {verify} verification" if drafter is not None
-             else f"{model.name}, plain decoding")
+    from exactspec.sampling import is_lossless
+
+    if drafter is not None and not is_lossless(verify):  # before any decoding: one line
+        warn_lossy(verify)
     if args.compare_plain:  # warm both paths up first, so neither timing pays first-call costs
         for d in (drafter, None):
             generate(model, [ids], **{**kwargs, "drafter": d, "max_new_tokens": 4})
-    from exactspec.sampling import is_lossless
-
-    if drafter is not None and not is_lossless(verify):
-        warn_lossy(verify)
     if args.json:
         g = generate(model, [ids], **kwargs)[0]
-        out = {"model": model.name, "drafter": drafter_name,
+        out = {"model": model.name, "drafter": _named(drafter_name, drafter),
                "verify": verify if drafter is not None else None, "lossless": g.lossless,
                "text": g.text,
                "token_ids": g.token_ids, "finish_reason": g.finish_reason,
@@ -236,6 +247,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     assert s.generation is not None
     print()
+    label = (f"{model.name}, {_named(drafter_name, drafter)}, {verify} verification"
+             if drafter is not None else f"{model.name}, plain decoding")
     print(f"[{label}] {s.generation.stats.summary()}")
     if args.compare_plain:
         plain = generate(model, [ids], **{**kwargs, "drafter": None})[0]
@@ -244,6 +257,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"speculative {fast:.1f} tok/s vs plain {slow:.1f} tok/s: "
               f"{_ratio(fast, slow) or float('nan'):.2f}x")
     return 0
+
+
+def _named(name: str, drafter) -> str:
+    """The drafter's label after decoding: a QuantizedDraft's backend is settled at `begin`
+    (backend="auto" runs torch for a target llama.cpp cannot export), so it is read then."""
+    return name.replace("{backend}", str(getattr(drafter, "backend", "")))
 
 
 def _stats(stats, speculative: bool) -> dict:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+import errno
+import socket
+
 from exactspec.cli.common import (
     UsageError,
     at_least,
@@ -21,6 +25,8 @@ def add_drafter_flags(p) -> None:
                           help="draft by copying n-grams from the prompt and output")
     drafters.add_argument("--draft", metavar="MODEL", default=None,
                           help="draft model sharing the target's vocabulary")
+    drafters.add_argument("--cross-vocab-draft", metavar="MODEL", default=None,
+                          help="draft model with another tokenizer (es.CrossVocabDraft)")
     drafters.add_argument("--eagle", metavar="HEAD", nargs="?", const="smollm2-135m",
                           default=None, help="EAGLE-style head: the shipped name (default "
                           "smollm2-135m) or a directory from train-draft")
@@ -32,7 +38,48 @@ def drafter_choice(args):
     from exactspec.serve import DrafterChoice
 
     return DrafterChoice(prompt_lookup=args.prompt_lookup, draft=args.draft, eagle=args.eagle,
-                         quantized_draft=args.quantized_draft)
+                         quantized_draft=args.quantized_draft,
+                         cross_vocab_draft=getattr(args, "cross_vocab_draft", None))
+
+
+def port(text: str) -> int:
+    """argparse type of --port: 0 (any free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port: give 1-65535 (or 0 for "
+                                         "any free one)")
+    return value
+
+
+def check_bind(host: str, port: int) -> None:
+    """UsageError (one line) unless `host:port` can be listened on now, as uvicorn will.
+
+    Checked before the model loads, so a busy port or a wrong --host costs no loading time and
+    prints no server log; another process could still take the port in between (then uvicorn
+    reports it).
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UsageError(f"--host {host!r} is not an address of this machine ({exc.strerror}); "
+                         "use 127.0.0.1, 0.0.0.0 or one of its addresses") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UsageError(f"port {port} on {host} is already in use (another server?): "
+                                 "stop it or choose another --port") from None
+            if exc.errno == errno.EACCES:
+                raise UsageError(f"port {port} on {host} needs privileges this user lacks: "
+                                 "choose a --port above 1023") from None
+            raise UsageError(f"cannot listen on {host}:{port} ({exc.strerror}): check --host "
+                             "and --port") from None
 
 
 def add(sub) -> None:
@@ -46,7 +93,8 @@ def add(sub) -> None:
                    help="target: embedded name, transformers directory or .gguf file")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
                    "%(default)s; 0.0.0.0 exposes it to the network)")
-    p.add_argument("--port", type=at_least(0), default=8000)
+    p.add_argument("--port", type=port, default=8000,
+                   help="TCP port, 1-65535, or 0 for any free one (default %(default)s)")
     add_drafter_flags(p)
     p.add_argument("--num-draft-tokens", type=draft_tokens, default=None, metavar="N|auto",
                    help="draft tokens per step (default 4), or 'auto' (still exact; a seed's "
@@ -79,10 +127,12 @@ def run(args) -> int:
 
     if args.request_timeout <= 0:
         raise UsageError(f"--request-timeout must be > 0, got {args.request_timeout}")
-    has_drafter = bool(args.prompt_lookup or args.draft or args.eagle or args.quantized_draft)
+    has_drafter = bool(args.prompt_lookup or args.draft or args.eagle or args.quantized_draft
+                       or args.cross_vocab_draft)
     refuse_without(args, {"num_draft_tokens": "--num-draft-tokens", "verify": "--verify"},
-                   has_drafter, "a drafter (--prompt-lookup, --draft, --eagle or "
-                   "--quantized-draft)")
+                   has_drafter, "a drafter (--prompt-lookup, --draft, --cross-vocab-draft, "
+                   "--eagle or --quantized-draft)")
+    check_bind(args.host, args.port)  # before the model loads: a busy port is one line
     verify = value_or(args, "verify", "token")
     if verify not in SERVE_METHODS:  # then a lossy rule, or refused with the choices named
         from exactspec.errors import InvalidValue

@@ -11,6 +11,10 @@ from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import as_model
 from exactspec.sampling import DOMAIN_DRAFT, DraftTree, sample
 
+# how the vocabulary-mismatch errors name the drafter for a model with another tokenizer
+CROSS_VOCAB = ("for a draft with another tokenizer use es.CrossVocabDraft(model), on the "
+               "command line --cross-vocab-draft MODEL")
+
 
 class DraftModel:
     """Drafts K tokens by sampling a small model's q, standardized exactly like the target's p.
@@ -62,7 +66,8 @@ class DraftModel:
         if mine != target.vocab_size:
             raise InvalidValue(
                 f"vocabulary mismatch: the draft model {self.model.name!r} has {mine} logits, the "
-                f"target {target.vocab_size}; a draft model must share the target's vocabulary"
+                f"target {target.vocab_size}; a draft model must share the target's vocabulary "
+                f"({CROSS_VOCAB})"
             )
         tok_d, tok_t = self.model.tokenizer, target.tokenizer
         if tok_d is None or tok_t is None or tok_d is tok_t:
@@ -72,7 +77,7 @@ class DraftModel:
             diff = sorted(set(vd.items()) ^ set(vt.items()), key=lambda kv: kv[1])[:3]
             raise InvalidValue(
                 f"vocabulary mismatch: the draft tokenizer ({len(vd)} tokens) and the target "
-                f"tokenizer ({len(vt)} tokens) differ, e.g. {diff}"
+                f"tokenizer ({len(vt)} tokens) differ, e.g. {diff} ({CROSS_VOCAB})"
             )
 
     def select(self, rows: torch.Tensor) -> None:

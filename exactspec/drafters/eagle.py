@@ -92,7 +92,7 @@ class EagleDrafter:
             if model is None:
                 name = self.head.config.meta.get("target")
                 if not name:
-                    raise ValueError("EagleDrafter needs the target model: pass "
+                    raise InvalidValue("EagleDrafter needs the target model: pass "
                                      "load_drafter(..., target=model)")
                 from exactspec.models.loading import load
 

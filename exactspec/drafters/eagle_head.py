@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from exactspec.errors import InvalidValue
+
 
 @dataclass
 class EagleConfig:
@@ -141,7 +143,7 @@ class EagleHead(nn.Module):
         emb = target.get_input_embeddings().weight
         head = target.get_output_embeddings().weight
         if emb.shape[1] != self.config.hidden_size or head.shape[0] != self.config.vocab_size:
-            raise ValueError(
+            raise InvalidValue(
                 f"this head was trained for hidden size {self.config.hidden_size} and "
                 f"vocabulary {self.config.vocab_size}; the target has {emb.shape[1]} and "
                 f"{head.shape[0]}: train a head for this target with `exactspec train-draft`")

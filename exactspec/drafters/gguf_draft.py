@@ -18,10 +18,13 @@ position for the whole batch; rollback is `llama_memory_seq_rm` past the agreein
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import logging
 import os
+import sys
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +95,17 @@ def _quiet(lib) -> None:
         lib.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
 
 
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # drafts that may hold llama.cpp contexts
+
+
+@atexit.register
+def _free_at_exit() -> None:
+    """Free every draft's contexts at interpreter exit while llama_cpp is still whole: a
+    `__del__` run later, during shutdown, finds its functions torn down (None)."""
+    for draft in list(_LIVE):
+        draft._free()
+
+
 class GgufDraft:
     """Drafts with llama.cpp running a GGUF file of the target (see the module docstring).
 
@@ -114,12 +128,14 @@ class GgufDraft:
         self._caps: list[int] = []  # their batch capacities (tokens per llama_decode)
         self._where: list[tuple[int, int]] = []  # per row: (context index, sequence id)
         self._fed: torch.Tensor | None = None  # [B, S] long: tokens in each row's draft cache
+        _LIVE.add(self)
 
     def __repr__(self) -> str:
         return f"GgufDraft({Path(self.path).name!r})"
 
     def __del__(self) -> None:
-        self._free()
+        if not sys.is_finalizing():  # at exit `_free_at_exit` has run; llama_cpp is torn down
+            self._free()
 
     def _free(self) -> None:
         for ctx in getattr(self, "_ctxs", []):

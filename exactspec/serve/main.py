@@ -31,19 +31,23 @@ class DrafterChoice:
     draft: str | None = None  # a draft model: embedded name, directory or .gguf
     eagle: str | None = None  # an EAGLE-style head: shipped name or train-draft directory
     quantized_draft: int | None = None  # the target itself, weight-only quantized to 8 or 4 bits
+    cross_vocab_draft: str | None = None  # a draft model with another tokenizer (CrossVocabDraft)
 
 
 def build_drafter(choice: DrafterChoice, target: Model) -> tuple[Drafter | None, str]:
     """The drafter and its name for reports; raises InvalidValue for an impossible choice."""
     given = [choice.prompt_lookup, choice.draft is not None, choice.eagle is not None,
-             choice.quantized_draft is not None]
+             choice.quantized_draft is not None, choice.cross_vocab_draft is not None]
     if sum(given) > 1:
-        raise InvalidValue("choose at most one drafter: --prompt-lookup, --draft, --eagle or "
-                           "--quantized-draft")
+        raise InvalidValue("choose at most one drafter: --prompt-lookup, --draft, "
+                           "--cross-vocab-draft, --eagle or --quantized-draft")
     if choice.prompt_lookup:
         return exactspec.PromptLookup(), "prompt-lookup"
     if choice.draft is not None:
         return exactspec.DraftModel(exactspec.load(choice.draft)), f"draft:{choice.draft}"
+    if choice.cross_vocab_draft is not None:
+        return (exactspec.CrossVocabDraft(exactspec.load(choice.cross_vocab_draft)),
+                f"cross-vocab-draft:{choice.cross_vocab_draft}")
     if choice.eagle is not None:
         return exactspec.load_drafter(choice.eagle, target=target), f"eagle:{choice.eagle}"
     if choice.quantized_draft is not None:

@@ -22,7 +22,15 @@ MAX_STOP = 4  # OpenAI's limit on stop strings
 DEFAULT_MAX_TOKENS_TEXT = 16  # OpenAI's default for /v1/completions
 # Request fields we know but do not implement: refused by name rather than silently ignored.
 UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_format",
-               "suffix", "best_of", "prediction", "audio", "modalities")
+               "suffix", "best_of", "prediction", "audio", "modalities", "reasoning_effort",
+               "parallel_tool_calls", "web_search_options", "service_tier", "store", "metadata")
+# The fields each endpoint implements (`user` is an opaque client id: it changes nothing).
+# Any other field is refused by name, as OpenAI does ("Unknown parameter"), never ignored.
+_COMMON = ("model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream",
+           "stream_options", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
+           "user", "top_k", "min_p", "repetition_penalty")  # the last three: vLLM's
+KNOWN = {"chat": frozenset((*_COMMON, "messages", "max_completion_tokens", "top_logprobs")),
+         "text": frozenset((*_COMMON, "prompt", "echo"))}
 
 
 class ApiError(Exception):
@@ -92,6 +100,11 @@ def parse_request(body: object, kind: str, model: Model, served_name: str,
             raise bad(f"'{key}' is not supported by this server; remove it", key)
     if body.get("echo"):
         raise bad("'echo' is not supported by this server; remove it", "echo")
+    for key in body:
+        if key not in KNOWN[kind] and key not in UNSUPPORTED:
+            raise ApiError(400, f"Unknown parameter: '{key}'. This server does not implement "
+                           "it; remove it (see the README's Server section for the fields "
+                           "it takes)", param=key, code="unknown_parameter")
     prompts = _chat_prompt(body, model) if kind == "chat" else _text_prompts(body, model)
     n = _int(body, "n", 1, 1, MAX_N)
     stream = _bool(body, "stream", False)

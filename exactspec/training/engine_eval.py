@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from tqdm.auto import tqdm
 
 from exactspec.drafters.eagle import load_drafter
 from exactspec.engine.api import generate
+from exactspec.errors import UserError
 from exactspec.models.loading import load, progress_off
 from exactspec.sampling import SamplingParams
 from exactspec.training.data import read_prompts
@@ -74,8 +76,11 @@ def speed(model, drafter, prompts: list[list[int]], *, temperature: float, k: in
             "prompts": len(prompts), "max_new_tokens": max_new_tokens}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    """Run the evaluation; a user's mistake (no such head, a head for another target) is one
+    line on stderr and exit status 2, as in the `exactspec` command."""
+    ap = argparse.ArgumentParser(prog="python -m exactspec.training.engine_eval",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("head", help="an embedded name with a shipped head, or a head directory")
     ap.add_argument("--model", default="smollm2-135m", help="the target")
     ap.add_argument("--k", type=int, default=4, help="drafts per step (default 4)")
@@ -83,11 +88,21 @@ def main() -> None:
     ap.add_argument("--speed-prompts", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    try:
+        _run(a)
+    except UserError as exc:
+        print(f"{ap.prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _run(a: argparse.Namespace) -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
+    drafter = load_drafter(a.head)  # first: a wrong head is refused before the model loads
     model = load(a.model)
-    drafter = load_drafter(a.head, target=model)
+    drafter.attach(model)
     prompts = [model.encode(p, chat=True) for p in read_prompts("heldout_prompts.txt")]
     result = {"head": a.head, "k": a.k, "threads": torch.get_num_threads(),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -103,4 +118,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
