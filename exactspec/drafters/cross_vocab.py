@@ -67,7 +67,7 @@ class CrossVocabDraft:
                                    "token: a cross-vocabulary draft needs common token strings")
         self._target_tok = target.tokenizer
         self._width = target.vocab_size  # the target's logits width
-        self._adapter = TargetAdapter(self.model.model)
+        self._adapter = TargetAdapter(self.model.model, strict=False)
         seqs = self._draft_sequences(context)
         self._adapter.prefill([s[:-1] for s in seqs])
         self._fed = [s[:-1] for s in seqs]

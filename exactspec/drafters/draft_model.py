@@ -45,7 +45,7 @@ class DraftModel:
 
     def begin(self, context: DraftContext, target: TargetInfo) -> None:
         self._check_vocab(target)
-        self._start(TargetAdapter(self.model.model), context)
+        self._start(TargetAdapter(self.model.model, strict=False), context)
 
     def _start(self, adapter: TargetAdapter, context: DraftContext) -> None:
         """Prefill `adapter` (the draft's cache) with every row's context but its last token."""

@@ -156,12 +156,12 @@ class QuantizedDraft(DraftModel):
                     "its layers: drop layers=")
             self.forward = None
             self.copy = quantized_copy_for(model, self.fmt, group_size=self.group_size)
-            self._start(TargetAdapter(self.copy, lean=False), context)
+            self._start(TargetAdapter(self.copy, lean=False, strict=False), context)
             return
         self.copy = None
         self.forward = lean_forward_for(model, self.fmt, layers=self.layers,
                                         group_size=self.group_size)
-        self._start(TargetAdapter(model, forward=self.forward), context)
+        self._start(TargetAdapter(model, forward=self.forward, strict=False), context)
 
     def propose(self, context: DraftContext, num_tokens: torch.Tensor):  # [B]
         if self.backend == "llama.cpp":

@@ -25,7 +25,7 @@ from exactspec.engine.arguments import (
 from exactspec.engine.loop import DecodeConfig, Decoder, RowOutput, VerifyFn
 from exactspec.engine.results import Generation
 from exactspec.errors import InvalidType, InvalidValue
-from exactspec.models.loading import Model, as_model
+from exactspec.models.loading import Model, as_target
 from exactspec.sampling import RowStreams, SamplingParams, is_lossless
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ class _Job:
     def __init__(self, target, prompts, drafter, params, max_new_tokens, num_draft_tokens,
                  verify, stop, return_logprobs, batch_size) -> None:
         try:
-            self.model: Model = as_model(target)
+            self.model: Model = as_target(target)
         except TypeError as e:
             raise InvalidType(f"target: {e}") from None
         drafter = check_drafter(drafter)

@@ -22,7 +22,7 @@ from exactspec.drafters.base import Drafter
 from exactspec.engine.api import DEFAULT_BATCH_SIZE, generate
 from exactspec.engine.results import Generation
 from exactspec.errors import InvalidType, InvalidValue
-from exactspec.models.loading import Model, as_model, load
+from exactspec.models.loading import Model, as_target, load
 from exactspec.sampling import SamplingParams
 
 
@@ -42,7 +42,7 @@ class Engine:
                  batch_size: int = DEFAULT_BATCH_SIZE) -> None:
         if isinstance(target, str | os.PathLike):
             target = load(target)
-        self.model: Model = as_model(target)  # the policy; its parameters are updated in place
+        self.model: Model = as_target(target)  # the policy; its parameters are updated in place
         if drafter is not None and not isinstance(drafter, Drafter):
             raise InvalidType(f"drafter={drafter!r} must be a Drafter (es.PromptLookup(), "
                               "es.DraftModel(model), es.QuantizedDraft(8), ...) or None")

@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 from exactspec.errors import InvalidValue
+from exactspec.models.architectures import attention_layout
 from exactspec.models.cache import SlotCache
 from exactspec.models.lean import LeanLlama, lean_forward_for
 
@@ -48,10 +49,13 @@ class TargetAdapter:
     of the model: `lean_forward_for(model, "int8")`). `one_row_copy=False` (a target verifying
     drafts) keeps a rare one-row step from building the float32 one-row weight copy (+540 MB
     for smollm2-135m); plain decoding and draft models, whose every step is one row, want it.
+    `strict` (a target): an architecture outside `models/architectures.py`'s contract is
+    refused; a drafter (`strict=False`) may approximate, which cannot change the output law.
     """
 
     def __init__(self, model, *, pad_token_id: int = 0, lean: bool = True,
-                 forward: LeanLlama | None = None, one_row_copy: bool = True) -> None:
+                 forward: LeanLlama | None = None, one_row_copy: bool = True,
+                 strict: bool = True) -> None:
         self.model = unwrap_model(model)
         impl = getattr(self.model.config, "_attn_implementation", "eager")
         if impl not in _SUPPORTED_ATTENTION:
@@ -65,15 +69,12 @@ class TargetAdapter:
         text_config = self.model.config.get_text_config(decoder=True)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])  # logits width
         self.max_context = int(getattr(text_config, "max_position_embeddings", 1 << 30))
-        layer_types = getattr(text_config, "layer_types", None) or []
-        self._sliding_window = getattr(text_config, "sliding_window", None)
-        self._mask_by_layer_type = any(t != "full_attention" for t in layer_types)
-        if self._mask_by_layer_type and set(layer_types) - {"full_attention", "sliding_attention"}:
-            raise InvalidValue(f"unsupported layer types {sorted(set(layer_types))}")
+        self.layout = attention_layout(self.model.config, strict=strict)  # the masks it needs
         self.pad_token_id = pad_token_id  # filler for ragged inputs; never attended to
         # the lean forward (Llama architectures) unless turned off; transformers' otherwise
         self.lean = forward if forward is not None else (
             lean_forward_for(self.model) if lean else None)
+        assert self.lean is None or not self.layout.sliding, "the lean forward has no windows"
         self.one_row_copy = one_row_copy  # may a one-row step build the [in, out] copy
         self.cache: SlotCache | None = None
         self.lengths = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] committed slots
@@ -175,7 +176,7 @@ class TargetAdapter:
             return out
         out = self.model(
             input_ids=tokens,
-            attention_mask=self._mask(positions, view_len),
+            attention_mask=self._mask(positions, view_len),  # slot == position
             position_ids=positions,
             cache=self.cache,
             use_cache=True,
@@ -189,17 +190,11 @@ class TargetAdapter:
         return out.logits
 
     def _mask(self, positions: torch.Tensor, view_len: int):
-        # positions: [B, T]; slot j is visible to the query at position i iff j <= i
+        # positions: [B, T]; slot j holds position j and is visible to position i iff j <= i
         slots = torch.arange(view_len, device=self.device)  # [S]
         visible = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        neg = torch.finfo(self.dtype).min
-        full = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        full = full.masked_fill(~visible, neg)[:, None]  # [B, 1, T, S]
-        if not self._mask_by_layer_type:
-            return full
-        window = slots[None, None, :] > positions[:, :, None] - self._sliding_window
-        sliding = full.masked_fill(~window[:, None], neg)  # [B, 1, T, S]
-        return {"full_attention": full, "sliding_attention": sliding}
+        held = slots[None, :].expand(positions.shape[0], view_len)  # [B, S]
+        return self.layout.mask(visible, positions, held, self.dtype)
 
     def commit(self, num_tokens: torch.Tensor) -> None:
         """Keep the first `num_tokens[b]` ([B] long, 0..T) tokens of the last extend per row."""

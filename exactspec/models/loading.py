@@ -39,6 +39,7 @@ from transformers.utils import logging as hf_logging
 
 from exactspec.errors import InvalidType, InvalidValue, MissingFile
 from exactspec.models import registry
+from exactspec.models.architectures import check_target
 from exactspec.models.registry import MARKER, cache_root
 
 __all__ = ["DTYPES", "MARKER", "Model", "as_model", "cache_root", "load", "progress_off",
@@ -203,6 +204,15 @@ def as_model(
         f"{type(obj).__module__}.{type(obj).__qualname__}; use exactspec.load(name_or_path) "
         "to load one"
     )
+
+
+def as_target(obj: Model | PreTrainedModel,
+              tokenizer: PreTrainedTokenizerBase | None = None) -> Model:
+    """`as_model` for a target: its architecture must be one the engine decodes from its own
+    law (`models/architectures.py`); anything else is an InvalidValue naming the feature."""
+    model = as_model(obj, tokenizer)
+    check_target(model.model)
+    return model
 
 
 def load(

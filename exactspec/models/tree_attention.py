@@ -70,15 +70,8 @@ def extend_at(adapter: TargetAdapter, tokens: torch.Tensor, positions: torch.Ten
     ad._last_width = tokens.shape[1]  # commit / rewind bounds, as after `extend`
     if ad.lean is not None:
         return ad.lean.forward(tokens, positions, cache, visible[:, None], 0, hidden_layers)
-    neg = torch.finfo(ad.dtype).min
-    full = torch.zeros(visible.shape, dtype=ad.dtype, device=ad.device)
-    full = full.masked_fill(~visible, neg)[:, None]  # [B, 1, T, S]
-    mask = full
-    if ad._mask_by_layer_type:
-        held = slot_positions(ad.lengths, positions, slots, view_len)  # [B, S]
-        window = held[:, None, :] > positions[:, :, None] - ad._sliding_window  # [B, T, S]
-        mask = {"full_attention": full,
-                "sliding_attention": full.masked_fill(~window[:, None], neg)}
+    held = slot_positions(ad.lengths, positions, slots, view_len)  # [B, S]
+    mask = ad.layout.mask(visible, positions, held, ad.dtype)
     out = ad.model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache,
                    use_cache=True, output_hidden_states=hidden_layers is not None)
     if hidden_layers is not None:
