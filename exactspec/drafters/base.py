@@ -7,8 +7,14 @@ A drafter is stateful over one batch of rows. The engine calls, in order:
         tokens, q = drafter.propose(context, num_tokens)
         ... the target verifies; `context` gains the emitted tokens ...
         drafter.select(rows)                  # when some rows finished: keep these rows
-        drafter.begin(context, target)        # when rows were admitted (appended at the end)
-                                              # between steps: restart over the whole batch
+        drafter.admit(context, target, start) # when rows were admitted between steps: rows
+                                              # start.. of `context` are new (appended at the
+                                              # end); rows before keep their draft state
+
+`admit` is the admission hook: the new rows are prefilled alone, the running rows' caches and
+statistics stay as they are (every exactspec drafter has it). A drafter without `admit` (a
+user's, written before the hook) is restarted with `begin` over the whole batch instead; that
+is exact too, only slower (every running row is prefilled again).
 
 `propose` returns draft_tokens [B, K] (K = max(num_tokens), rows padded with -1 at the end,
 fewer tokens than asked allowed, including none) and draft_probs [B, K, V], the exact
@@ -38,8 +44,8 @@ from exactspec.sampling.history import history as token_history
 from exactspec.sampling.history import prefix_history
 from exactspec.sampling.standardize import probs_from_logits_rows
 
-__all__ = ["DraftContext", "Drafter", "TargetInfo", "empty_proposal", "history",
-           "prefix_history"]
+__all__ = ["AdmitsRows", "DraftContext", "Drafter", "TargetInfo", "admit_rows",
+           "empty_proposal", "history", "prefix_history", "rows_of"]
 
 
 @dataclass
@@ -112,6 +118,36 @@ class Drafter(Protocol):
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only `rows` ([R] long indices into the current batch), in that order."""
+
+
+@runtime_checkable
+class AdmitsRows(Protocol):
+    """The admission hook beside `Drafter` (optional for a user's drafter; see the module
+    docstring)."""
+
+    def admit(self, context: DraftContext, target: TargetInfo, start: int) -> None:
+        """Rows start.. of `context` joined the batch (appended after the running ones):
+        prefill them alone; rows 0..start-1 keep their draft state."""
+
+
+def admit_rows(drafter, context: DraftContext, target: TargetInfo, start: int) -> None:
+    """Tell `drafter` that rows start.. of `context` are new: its `admit`, or a `begin` over
+    the whole batch for a drafter without the hook."""
+    if start == 0 or not isinstance(drafter, AdmitsRows):
+        drafter.begin(context, target)
+    else:
+        drafter.admit(context, target, start)
+
+
+def rows_of(context: DraftContext, start: int) -> DraftContext:
+    """The rows start.. of `context` alone (what an admission hook prefills)."""
+    sel = slice(start, None)
+    streams = context.streams.select(torch.arange(start, int(context.tokens.shape[0]),
+                                                  device=context.streams.seeds.device))
+    return DraftContext(context.tokens[sel], context.lengths[sel], context.prompt_lengths[sel],
+                        context.params, streams,
+                        None if context.hidden is None else context.hidden[sel],
+                        None if context.row_params is None else context.row_params[sel])
 
 
 def history(context: DraftContext, extra: torch.Tensor | None = None) -> torch.Tensor:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from exactspec.drafters.base import DraftContext, TargetInfo
+from exactspec.drafters.base import DraftContext, TargetInfo, rows_of
 from exactspec.drafters.vocab_map import VocabMap, vocab_map
 from exactspec.errors import InvalidValue
 from exactspec.models.adapter import TargetAdapter
@@ -71,6 +71,14 @@ class CrossVocabDraft:
         seqs = self._draft_sequences(context)
         self._adapter.prefill([s[:-1] for s in seqs])
         self._fed = [s[:-1] for s in seqs]
+
+    def admit(self, context: DraftContext, target: TargetInfo, start: int) -> None:
+        """Rows start.. are new: their text re-encoded and prefilled alone into the draft
+        cache (running rows keep theirs)."""
+        assert self._adapter is not None, "begin() first"
+        seqs = self._draft_sequences(rows_of(context, start))
+        self._adapter.admit([s[:-1] for s in seqs])
+        self._fed += [s[:-1] for s in seqs]
 
     def select(self, rows: torch.Tensor) -> None:
         assert self._adapter is not None

@@ -47,6 +47,22 @@ class DraftModel:
         self._check_vocab(target)
         self._start(TargetAdapter(self.model.model, strict=False), context)
 
+    def admit(self, context: DraftContext, target: TargetInfo, start: int) -> None:
+        """Rows start.. are new: prefill them alone into the draft cache (running rows keep
+        theirs)."""
+        assert self._adapter is not None and self._fed is not None, "begin() first"
+        prompts = [row[: int(n) - 1].tolist() for row, n in
+                   zip(context.tokens[start:].cpu(), context.lengths[start:].cpu(), strict=True)]
+        self._adapter.admit(prompts)
+        fed = torch.full((len(prompts), max(self._fed.shape[1], context.tokens.shape[1])), -1,
+                         dtype=torch.long, device=self._fed.device)  # [R, S]
+        for i, p in enumerate(prompts):
+            fed[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        if fed.shape[1] > self._fed.shape[1]:
+            self._fed = torch.cat([self._fed, self._fed.new_full(
+                (self._fed.shape[0], fed.shape[1] - self._fed.shape[1]), -1)], 1)
+        self._fed = torch.cat([self._fed, fed])
+
     def _start(self, adapter: TargetAdapter, context: DraftContext) -> None:
         """Prefill `adapter` (the draft's cache) with every row's context but its last token."""
         self._adapter = adapter

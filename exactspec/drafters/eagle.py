@@ -113,6 +113,17 @@ class EagleDrafter:
         self._v = torch.zeros_like(self._k)
         self._o_last = torch.zeros(b, c.hidden_size, dtype=dtype, device=dev)
 
+    def admit(self, context: DraftContext, target: TargetInfo, start: int) -> None:
+        """Rows start.. are new: empty head caches (filled from the target's features at their
+        next propose); the running rows keep theirs."""
+        assert self._committed is not None, "begin() first"
+        r = int(context.tokens.shape[0]) - start
+        self._committed = torch.cat([self._committed, self._committed.new_zeros(r)])
+        self._seen = torch.cat([self._seen, self._seen.new_full((r, self._seen.shape[1]), -1)])
+        self._k = torch.cat([self._k, self._k.new_zeros(r, *self._k.shape[1:])])
+        self._v = torch.cat([self._v, self._v.new_zeros(r, *self._v.shape[1:])])
+        self._o_last = torch.cat([self._o_last, self._o_last.new_zeros(r, self._o_last.shape[1])])
+
     def select(self, rows: torch.Tensor) -> None:
         assert self._committed is not None, "begin() first"
         rows = rows.to(self._committed.device)

@@ -127,6 +127,8 @@ class GgufDraft:
         self._mems: list = []  # their KV memories
         self._caps: list[int] = []  # their batch capacities (tokens per llama_decode)
         self._where: list[tuple[int, int]] = []  # per row: (context index, sequence id)
+        self._slots: list[int] = []  # per context: KV slots per sequence
+        self._counts: list[int] = []  # per context: its sequences
         self._fed: torch.Tensor | None = None  # [B, S] long: tokens in each row's draft cache
         _LIVE.add(self)
 
@@ -147,27 +149,54 @@ class GgufDraft:
             raise InvalidValue(
                 f"vocabulary mismatch: the GGUF {Path(self.path).name!r} has {self.vocab_size} "
                 f"tokens, the target {target.vocab_size}; give the target's own GGUF")
-        lib = self._lib
         self._free()
         b, width = context.tokens.shape
+        self._ctxs, self._mems, self._caps, self._slots, self._counts = [], [], [], [], []
+        self._where = self._new_contexts(max(b, 1), width)[:b]
+        self._fed = torch.full((b, width), -1, dtype=torch.long)
+
+    def admit(self, context: DraftContext, target: TargetInfo, start: int) -> None:
+        """Rows start.. are new: each takes a free llama.cpp sequence (one a dropped row left,
+        if its context is wide enough, else in a new context), filled at its next propose;
+        the running rows keep theirs."""
+        assert self._fed is not None, "begin() first"
+        b, width = context.tokens.shape
+        used = set(self._where)
+        free = [(c, seq) for c, slots in enumerate(self._slots) if slots >= width + 8
+                for seq in range(self._counts[c]) if (c, seq) not in used]
+        if len(free) < b - start:
+            free += self._new_contexts(b - start - len(free), width)
+        for c, seq in free[: b - start]:  # what a dropped row left there
+            self._lib.llama_memory_seq_rm(self._mems[c], seq, -1, -1)
+        self._where += free[: b - start]
+        fed = torch.full((b, max(width, self._fed.shape[1])), -1, dtype=torch.long)
+        fed[:start, : self._fed.shape[1]] = self._fed
+        self._fed = fed
+
+    def _new_contexts(self, rows: int, width: int) -> list[tuple[int, int]]:
+        """Contexts for `rows` more rows of up to `width` tokens; their (context, sequence)."""
+        lib = self._lib
         per_row = -(-(width + 8) // 256) * 256  # slots per row, rounded up
-        self._ctxs, self._mems, self._caps = [], [], []
-        for lo in range(0, max(b, 1), SEQ_PER_CONTEXT):  # llama.cpp caps sequences per context
-            rows = min(SEQ_PER_CONTEXT, max(b - lo, 1))
+        out = []
+        for lo in range(0, rows, SEQ_PER_CONTEXT):  # llama.cpp caps sequences per context
+            n = min(SEQ_PER_CONTEXT, rows - lo)
             params = lib.llama_context_default_params()
-            params.n_ctx = per_row * rows
-            params.n_batch = params.n_ubatch = min(max(per_row * rows, 512), 8192)
-            params.n_seq_max = rows
+            params.n_ctx = per_row * n
+            params.n_batch = params.n_ubatch = min(max(per_row * n, 512), 8192)
+            params.n_seq_max = n
             params.n_threads = params.n_threads_batch = self.threads or torch.get_num_threads()
             params.no_perf = True
             ctx = lib.llama_init_from_model(self._model, params)
             if not ctx:
                 raise InvalidValue(f"llama.cpp could not make a context of {params.n_ctx} tokens")
+            c = len(self._ctxs)
             self._ctxs.append(ctx)
             self._mems.append(lib.llama_get_memory(ctx))
             self._caps.append(params.n_batch)
-        self._where = [(i // SEQ_PER_CONTEXT, i % SEQ_PER_CONTEXT) for i in range(b)]
-        self._fed = torch.full((b, width), -1, dtype=torch.long)
+            self._slots.append(per_row)
+            self._counts.append(n)
+            out += [(c, seq) for seq in range(n)]
+        return out
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep `rows` (unique indices: the engine only ever drops rows)."""

@@ -46,6 +46,9 @@ class PromptLookup:
     def begin(self, context: DraftContext, target: TargetInfo) -> None:
         pass
 
+    def admit(self, context: DraftContext, target: TargetInfo, start: int) -> None:
+        pass  # no state: it reads the context at every propose
+
     def propose_tree(self, context: DraftContext, max_depth: torch.Tensor) -> DraftTree:
         """Several earlier matches as branches (exactspec/drafters/tree_draft.py)."""
         return lookup_tree(context, self.min_ngram, self.max_ngram, self.branches, self.depth,

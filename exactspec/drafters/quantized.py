@@ -169,6 +169,15 @@ class QuantizedDraft(DraftModel):
             return self._gguf.propose(context, num_tokens)
         return super().propose(context, num_tokens)
 
+    def admit(self, context: DraftContext, target: TargetInfo, start: int) -> None:
+        """Rows start.. are new: prefilled alone into the quantized copy's cache (or given
+        llama.cpp sequences); the running rows keep theirs."""
+        if self.backend == "llama.cpp":
+            assert self._gguf is not None, "begin() first"
+            self._gguf.admit(context, target, start)
+            return
+        super().admit(context, target, start)
+
     def select(self, rows: torch.Tensor) -> None:
         if self.backend == "llama.cpp":
             assert self._gguf is not None, "begin() first"

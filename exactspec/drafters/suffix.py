@@ -297,6 +297,13 @@ class SuffixDrafter:
                 self._finish(row)
         self._rows = new
 
+    def admit(self, context: DraftContext, target: TargetInfo, start: int) -> None:
+        """Rows start.. are new: each gets an empty trie (filled at its next propose); the
+        running rows keep theirs."""
+        assert len(self._rows) == start, "begin() first, and select() when rows leave"
+        self._rows += [_Row(self.max_depth, int(n))
+                       for n in context.prompt_lengths[start:].tolist()]
+
     def select(self, rows: torch.Tensor) -> None:
         keep = rows.tolist()
         for j in sorted(set(range(len(self._rows))) - set(keep)):

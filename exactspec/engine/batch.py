@@ -8,11 +8,12 @@ in the target's KV cache, the drafter and the draft-length policy too.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
 
-from exactspec.drafters.base import DraftContext, Drafter, TargetInfo
+from exactspec.drafters.base import DraftContext, Drafter, TargetInfo, admit_rows
 from exactspec.engine.policy import DraftLengthPolicy
 from exactspec.engine.results import GenerationStats
 from exactspec.engine.stopping import StopRule
@@ -20,6 +21,18 @@ from exactspec.errors import InvalidValue
 from exactspec.models.adapter import TargetAdapter
 from exactspec.sampling import RowStreams, SamplingParams
 from exactspec.sampling.standardize import law_groups
+
+log = logging.getLogger(__name__)
+FAULT = object()  # what BatchState.guard returns for a drafter call that raised
+
+
+def check_fits(prompt: int, max_new_tokens: int, context: int) -> None:
+    """A row's prompt plus its token budget must fit the model's context."""
+    if prompt + max_new_tokens > context:
+        raise InvalidValue(
+            f"prompt of {prompt} tokens plus max_new_tokens={max_new_tokens} is "
+            f"{prompt + max_new_tokens} tokens, more than the model's context of {context}; "
+            "shorten the prompt or lower max_new_tokens")
 
 
 @dataclass
@@ -31,6 +44,10 @@ class RowOutput:
     stats: GenerationStats = field(default_factory=GenerationStats)
     finish_reason: str | None = None  # set when the row ends
     cut: int | None = None  # where a stop string starts in the decoded text
+    # per emitted token, the row's top_logprobs (token id, log p) pairs with p > 0, most likely
+    # first; taken from the p the step verified with, so the emitted token's own entry is its
+    # logprob exactly
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 @dataclass
@@ -44,6 +61,7 @@ class Row:
     stop: StopRule  # when the row ends
     output: RowOutput = field(default_factory=RowOutput)  # tokens so far, stats
     started: float = 0.0  # seconds from the decoder's start to the row's admission
+    top_logprobs: int = 0  # also keep the k most likely tokens of p at each emitted position
 
 
 class BatchState:
@@ -70,6 +88,11 @@ class BatchState:
         self.hidden: torch.Tensor | None = None  # [B, cap, F] target features, if `layers`
         self.streams = RowStreams(torch.zeros(0, dtype=torch.long, device=dev))  # [B]
         self._groups: list | None = None  # law_groups of the rows' params, cached
+        # drafter faults: "raise" (generate, batch) or "plain" (the server: the rows in flight
+        # when the drafter raised finish plain, the drafter restarts once they all left)
+        self.on_fault = "raise"
+        self.faulted: set[int] | None = None  # ids of the rows in flight at a fault, pending
+        self.faults = 0  # drafter faults survived so far
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -91,17 +114,14 @@ class BatchState:
         return DraftContext(self.tokens, self.lengths, self.prompt_lengths, shared, self.streams,
                             self.hidden, None if shared is not None else tuple(self.params))
 
-    def admit(self, rows: list[Row], max_new_tokens: int) -> None:
-        """Prefill `rows` and append them after the current ones (between steps)."""
+    def admit(self, rows: list[Row]) -> None:
+        """Prefill `rows` and append them after the current ones (between steps). Each row's
+        budget is its own stop rule's max_new_tokens; the running rows are not touched (the
+        target and the drafter prefill the new rows alone)."""
         target, dev = self.target, self.target.device
-        longest = max(len(r.prompt) for r in rows)
-        need = longest + max_new_tokens
-        if need > target.max_context:
-            raise InvalidValue(
-                f"prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds the "
-                f"model's context of {target.max_context} tokens; shorten the prompt or lower "
-                "max_new_tokens"
-            )
+        for r in rows:
+            check_fits(len(r.prompt), r.stop.max_new_tokens, target.max_context)
+        need = max(len(r.prompt) + r.stop.max_new_tokens for r in rows)
         cap = max(need + self.extra_slots, self.tokens.shape[1] if self.rows else 0)
         prefill = target.admit if self.rows else target.prefill
         hid0 = prefill([r.prompt[:-1] for r in rows],
@@ -129,7 +149,9 @@ class BatchState:
         self.rows += rows
         self._groups = None
         self.policy.admit(len(rows))
-        self.drafter.begin(self.context(), self.info)  # (re)starts over the whole batch
+        if self.faulted is None:  # while a fault is pending the drafter restarts later
+            start = len(self.rows) - len(rows)
+            self.guard(admit_rows, self.drafter, self.context(), self.info, start)
 
     def select(self, keep: list[int]) -> None:
         """Keep only the rows at batch positions `keep`, in that order, everywhere."""
@@ -145,7 +167,34 @@ class BatchState:
         self.policy.select(sel)
         if self.rows:  # an empty batch restarts both at the next admit (prefill, begin)
             self.target.select(sel)
-            self.drafter.select(sel)
+            if self.faulted is None:
+                self.guard(self.drafter.select, sel)
+        else:
+            self.faulted = None
+
+    def guard(self, call, *args):
+        """`call(*args)` for a drafter; under on_fault="plain" a raise is logged, the rows in
+        flight continue plain, and FAULT is returned instead of the call's result."""
+        if self.on_fault == "raise":
+            return call(*args)
+        try:
+            return call(*args)
+        except Exception:
+            log.exception("the drafter %s failed; the %d rows in flight continue with plain "
+                          "decoding", type(self.drafter).__name__, len(self.rows))
+            self.faulted = {r.id for r in self.rows}
+            self.faults += 1
+            return FAULT
+
+    def drafting(self) -> bool:
+        """Whether this step may draft: no fault pending, or every row that saw the last fault
+        has left (then the drafter restarts over the rows in flight, with `begin`)."""
+        if self.faulted is None:
+            return True
+        if self.faulted & {r.id for r in self.rows}:
+            return False
+        self.faulted = None
+        return self.guard(self.drafter.begin, self.context(), self.info) is not FAULT
 
     def append(self, emitted: torch.Tensor,  # [B, K+1] verified tokens, -1 padded
                counts: torch.Tensor,  # [B] long: how many of them each row keeps

@@ -1,4 +1,5 @@
-"""The decoder: rows in, one `decode_step` at a time, rows out; `admit` adds rows between steps.
+"""The decoder, the one engine object that `generate`, `batch` and the server drive: `admit`
+rows (each with its own budget and stop rule, on the row), `step` them, `drop` rows nobody wants.
 
 Invariant: the target's KV cache holds every token of a row but the last, which is fed at the
 next step together with the drafts, so one forward of width K+1 scores all K drafts and gives
@@ -7,7 +8,7 @@ the distribution of the bonus token. A row that ends leaves the batch at the end
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +21,7 @@ from exactspec.engine.stopping import StopRule
 from exactspec.engine.tree_step import tree_rule
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import Model, as_model
-from exactspec.sampling import RowStreams, SamplingParams, Verdict, verify
+from exactspec.sampling import SamplingParams, Verdict, verify
 
 VerifyFn = Callable[..., Verdict]
 
@@ -32,25 +33,21 @@ def engine_made(drafter: Drafter) -> bool:
     return type(drafter).__module__.split(".")[0] == "exactspec"
 
 
-__all__ = ["BatchDecoder", "DecodeConfig", "Decoder", "Row", "RowOutput", "VerifyFn"]
+__all__ = ["DecodeConfig", "Decoder", "Row", "RowOutput", "VerifyFn"]
 
 
 @dataclass
 class DecodeConfig:
     """Everything about how rows are decoded, shared by every row of one decoder."""
 
-    params: SamplingParams | Sequence[SamplingParams]  # shared, or one per row (BatchDecoder)
-    max_new_tokens: int  # per row
+    params: SamplingParams | Sequence[SamplingParams]  # shared, or one per row
+    max_new_tokens: int  # the budget `make_row` gives a row (a row carries its own)
     num_draft_tokens: int | str  # K, or "auto"
     verify: str | VerifyFn  # "token" | "block" | "greedy" | a callable with verify's signature
     return_logprobs: bool  # collect log p of each emitted token
     eos_token_ids: list[int]  # tokens that end a row
     stop: list[str]  # strings that end a row
     tokenizer: object | None  # for stop strings
-
-    def stop_rule(self) -> StopRule:
-        return StopRule(eos_token_ids=self.eos_token_ids, stop=self.stop,
-                        tokenizer=self.tokenizer, max_new_tokens=self.max_new_tokens)
 
 
 def verify_rule(drafter: Drafter | None, verify_arg: str | VerifyFn):
@@ -66,13 +63,21 @@ def verify_rule(drafter: Drafter | None, verify_arg: str | VerifyFn):
 
 
 class Decoder:
-    """Decodes a changing set of rows: `admit(rows)` between steps, `step()` until empty.
+    """Decodes a changing set of rows: `admit(rows)` between steps, `step()` until empty,
+    `drop(ids)` for rows nobody reads any more.
 
     One target adapter (KV cache) and one drafter serve every row; rows may carry different
-    SamplingParams and seeds (each row standardized with its own, equal ones together).
+    SamplingParams, seeds, budgets and stop rules (each row standardized with its own, equal
+    ones together). An admission prefills the new rows alone, in the target and in the
+    drafter (its admission hook); the running rows keep their caches. on_fault: "raise" (a
+    drafter's exception propagates) or "plain" (the server: the rows in flight continue with
+    plain decoding, which is exact, and the drafter restarts once they have all left).
     """
 
-    def __init__(self, target: Model, drafter: Drafter | None, cfg: DecodeConfig) -> None:
+    def __init__(self, target: Model, drafter: Drafter | None, cfg: DecodeConfig, *,
+                 on_fault: str = "raise") -> None:
+        if on_fault not in ("raise", "plain"):
+            raise ValueError(f"on_fault={on_fault!r} must be 'raise' or 'plain'")
         self.clock = Clock(torch.device("cpu"))  # the decode's start: prefill is timed from it
         target = as_model(target)
         self.target = target
@@ -88,10 +93,11 @@ class Decoder:
             adapter, drafter if drafter is not None else NoDrafter(),
             TargetInfo(adapter.vocab_size, target.tokenizer, adapter.model),
             DraftLengthPolicy(k, 0), tuple(layers) if layers is not None else None, extra)
+        self.batch.on_fault = on_fault
         self.rules = StepRules(
             verify=verify_rule(drafter, cfg.verify),
             check_q=not engine_made(self.batch.drafter),
-            max_new_tokens=cfg.max_new_tokens, return_logprobs=cfg.return_logprobs,
+            return_logprobs=cfg.return_logprobs,
             tree_step=tree_rule(drafter, cfg.verify))
 
     @property
@@ -99,9 +105,16 @@ class Decoder:
         """The rows still decoding, in batch order."""
         return self.batch.rows
 
+    @property
+    def drafter_faults(self) -> int:
+        """Drafter exceptions survived so far (on_fault="plain")."""
+        return self.batch.faults
+
     @torch.inference_mode()
     def admit(self, rows: list[Row]) -> None:
-        """Prefill `rows` and add them to the batch; they join at the next step."""
+        """Prefill `rows` and add them to the batch; they join at the next step. A row whose
+        prompt plus budget exceeds the context is refused (ValueError naming both numbers)
+        before anything is prefilled."""
         if not rows:
             return
         started = 0.0
@@ -109,7 +122,7 @@ class Decoder:
             self.clock.lap()
             started = self.clock.last - self.clock.start
         self.admitted = True
-        self.batch.admit(rows, self.cfg.max_new_tokens)
+        self.batch.admit(rows)
         prefill = self.clock.lap()
         for r in rows:
             r.started = started
@@ -123,30 +136,21 @@ class Decoder:
         self.batch.select(alive)
         return gained
 
+    def drop(self, ids) -> list[Row]:
+        """Remove the rows with these ids (a client gone) before the next step; returns them."""
+        ids = set(ids)
+        gone = [r for r in self.batch.rows if r.id in ids]
+        if gone:
+            self.batch.select([j for j, r in enumerate(self.batch.rows) if r.id not in ids])
+        return gone
+
     def make_row(self, id: int, prompt: list[int], params: SamplingParams,
-                 stream_seed: int) -> Row:
-        return Row(id, list(prompt), params, stream_seed, self.cfg.stop_rule())
-
-
-class BatchDecoder:
-    """One fixed batch of prompts; `run()` yields (row, new token ids) after every step.
-
-    `outputs[i]` is row i's growing output; `streams` holds one stream per row.
-    """
-
-    def __init__(self, target: Model, drafter: Drafter | None, prompts: list[list[int]],
-                 streams: RowStreams, cfg: DecodeConfig) -> None:
-        self.decoder = Decoder(target, drafter, cfg)
-        params = (list(cfg.params) if not isinstance(cfg.params, SamplingParams)
-                  else [cfg.params] * len(prompts))
-        seeds = streams.seeds.tolist()
-        self._rows = [self.decoder.make_row(i, p, params[i], seeds[i])
-                      for i, p in enumerate(prompts)]
-        self.outputs = [r.output for r in self._rows]  # indexed like `prompts`
-
-    def run(self) -> Iterator[tuple[int, list[int]]]:
-        self.decoder.admit(self._rows)
-        while self.decoder.rows:
-            for row, new in self.decoder.step():
-                if new:
-                    yield row.id, new
+                 stream_seed: int, *, max_new_tokens: int | None = None,
+                 stop: list[str] | None = None, top_logprobs: int = 0) -> Row:
+        """A row with this decoder's stop rule, or its own budget / stop strings."""
+        cfg = self.cfg
+        rule = StopRule(eos_token_ids=cfg.eos_token_ids,
+                        stop=cfg.stop if stop is None else list(stop), tokenizer=cfg.tokenizer,
+                        max_new_tokens=cfg.max_new_tokens if max_new_tokens is None
+                        else max_new_tokens)
+        return Row(id, list(prompt), params, stream_seed, rule, top_logprobs=top_logprobs)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 AUTO_MAX_DRAFT = 8  # the longest draft "auto" proposes
-AUTO_PROBE_EVERY = 8  # a row that stopped drafting still drafts one token every this many steps
+AUTO_PROBE_EVERY = 8  # a batch that stopped drafting still drafts one token after this many steps
+AUTO_PROBE_MAX = 64  # ... the gap doubling while the answer stays plain, up to this
 
 
 def expected_tokens(alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -23,18 +24,25 @@ class DraftLengthPolicy:
     Fixed: always `num_draft_tokens` (capped by each row's room). Auto, per row: row b keeps
     its own acceptance estimate alpha_b = (accepted + 1) / (accepted + rejections + 2) (a
     rejection is a step that did not keep its whole draft) and its room r_b (drafts that still
-    fit its token budget and the context). The rows share one forward, padded to the widest
+    fit its token budget and the context). The B rows share one forward, padded to the widest
     row, and one drafting pass of as many positions, so a step costs
-    c(K) = K' * draft_cost + target_cost(K' + 1) with K' = max_b min(K, r_b), whatever each row
-    drafts below K'. Given that shared width a row's extra drafts are free and only add
-    expected tokens, so row b drafts k_b = min(K, r_b), and K in 0..AUTO_MAX_DRAFT maximises
-    the batch's tokens per second, sum_b expected_tokens(alpha_b, min(K, r_b)) / c(K): a row
-    near its budget adds no gain for drafts it cannot emit. draft_cost is the measured seconds
-    per draft position and target_cost(w) the measured seconds of a target forward of width w
-    (a line fitted through the widths seen so far; with a single width w0 seen,
-    t(w0) * (0.5 + 0.5 w / w0)). For one row this is Leviathan's optimum. K = 0 is plain
-    decoding; then one token is still drafted every AUTO_PROBE_EVERY steps so that the
-    acceptance estimates keep up.
+    c(K) = K' * draft_cost(B) + target_cost(B, K' + 1) with K' = max_b min(K, r_b), whatever
+    each row drafts below K'. Given that shared width a row's extra drafts are free and only
+    add expected tokens, so row b drafts k_b = min(K, r_b), and K in 0..AUTO_MAX_DRAFT
+    maximises the batch's tokens per second, sum_b expected_tokens(alpha_b, min(K, r_b)) /
+    c(K): a row near its budget adds no gain for drafts it cannot emit. K = 0 is plain
+    decoding, chosen whenever no K pays at this load.
+
+    Costs are measured at the current number of rows and verify width, because that is what a
+    server's load changes: a forward over B x (K+1) tokens is memory-bound for small B and
+    compute-bound for large B, so drafting that pays for one row can cost for sixteen.
+    target_cost(B, w) is the measured EMA at (B, w); unmeasured, it is scaled from a width
+    measured at the same B by a model of cost against tokens B * w (piecewise linear through
+    every measurement, extended by its end segments; with one measurement t0 * (0.5 + 0.5
+    n / n0)), or read from that model alone. draft_cost(B) (seconds per draft position) the
+    same way along B. Exploration: K = 0 still drafts one token every `probe` steps (doubling,
+    up to AUTO_PROBE_MAX, while the answer stays 0) so that acceptance estimates keep up, and
+    a drafting batch takes one plain step at a row count whose plain cost was never measured.
     """
 
     def __init__(self, num_draft_tokens: int | str, num_rows: int) -> None:
@@ -42,50 +50,66 @@ class DraftLengthPolicy:
         self.fixed = 4 if self.auto else int(num_draft_tokens)  # the fixed length, or the start
         self.accepted = torch.zeros(num_rows)  # [B] drafts kept so far
         self.rejections = torch.zeros(num_rows)  # [B] steps that rejected a draft
-        self.draft_cost: float | None = None  # EMA seconds per draft position
-        self.target_cost: dict[int, float] = {}  # width -> EMA seconds per target forward
+        self.draft_cost: dict[int, float] = {}  # rows -> EMA seconds per draft position
+        self.target_cost: dict[tuple[int, int], float] = {}  # (rows, width) -> EMA seconds
         self.steps = 0  # choices made so far
+        self.probe = AUTO_PROBE_EVERY  # steps between probes while K = 0 is chosen
+        self._since_probe = 0  # K = 0 steps since the last probe
         self._observations: dict = {}  # "draft" / width -> measurements taken so far
         self._drafted_last = True  # whether the previous step drafted (no catch-up pending)
 
-    def choose(self, room: torch.Tensor | None = None) -> torch.Tensor:  # [B] -> [B] long
+    def choose(self, room: torch.Tensor | None = None,
+               rows: int | None = None) -> torch.Tensor:  # [B] -> [B] long
         """Each row's draft length; `room` ([B] long, default unbounded) caps row b's."""
         b = self.accepted.shape[0]
+        rows = b if rows is None else rows
         room = torch.full((b,), AUTO_MAX_DRAFT if self.auto else self.fixed, dtype=torch.long) \
             if room is None else room.cpu().long().clamp(min=0)
         self.steps += 1
-        if not self.auto or self.draft_cost is None or not self.target_cost:
+        if not self.auto or not self.draft_cost or not self.target_cost:
             return torch.minimum(torch.full((b,), self.fixed, dtype=torch.long), room)
         alpha = (self.accepted + 1) / (self.accepted + self.rejections + 2)  # [B]
         ks = torch.arange(0, AUTO_MAX_DRAFT + 1, dtype=torch.long)  # [Kc]
         per_row = torch.minimum(ks[None, :], room[:, None])  # [B, Kc] drafts row b can use
         width = per_row.amax(0) if b else ks  # [Kc] shared draft positions K'
-        cost = width.double() * self.draft_cost + torch.tensor(
-            [self._target_cost(int(w) + 1) for w in width], dtype=torch.float64)  # [Kc]
+        d = self._draft_cost(rows)
+        cost = width.double() * d + torch.tensor(
+            [self._target_cost(rows, int(w) + 1) for w in width], dtype=torch.float64)  # [Kc]
         tokens = expected_tokens(alpha[:, None].double(), per_row.double()).sum(0)  # [Kc]
         k = int((tokens / cost).argmax())
-        if k == 0 and self.steps % AUTO_PROBE_EVERY == 0:
-            k = 1
+        if k == 0:
+            self._since_probe += 1
+            if self._since_probe >= self.probe:  # a probe: one draft, acceptance keeps up
+                self._since_probe = 0
+                self.probe = min(2 * self.probe, AUTO_PROBE_MAX)
+                k = 1
+        else:
+            self.probe, self._since_probe = AUTO_PROBE_EVERY, 0
+            near = any(w == 1 and abs(b - rows) <= rows // 4 for b, w in self.target_cost)
+            if not near and self.steps % AUTO_PROBE_EVERY == 0:
+                k = 0  # plain's cost at this many rows is still a guess: measure it once
         return torch.minimum(torch.full((b,), k, dtype=torch.long), room)
 
-    def _target_cost(self, width: int) -> float:
-        # a width already measured uses its own EMA: on CPUs the cost is far from linear in the
-        # width (smollm2-135m, 1 thread: 37, 47, 80, 104 ms at widths 1, 2, 5, 9), and a line
-        # through all of them overestimates width 1, drafting where plain decoding is faster
-        if width in self.target_cost:
-            return self.target_cost[width]
-        seen = sorted(self.target_cost.items())
-        if len(seen) == 1:
-            # one width measured: assume half its cost is fixed and half grows with the width.
-            # Taking every width as equally cheap made the first choice the widest draft,
-            # whose cost is then paid before it is known (a batch of 8 rows on 2 CPU cores:
-            # auto 0.83x batched plain against 0.88x at K=4; width 9 costs ~1.5x width 5 there)
-            w0, t0 = seen[0]
-            return t0 * (0.5 + 0.5 * width / w0)
-        w = torch.tensor([s[0] for s in seen], dtype=torch.float64)
-        t = torch.tensor([s[1] for s in seen], dtype=torch.float64)
-        slope = float(((w - w.mean()) * (t - t.mean())).sum() / ((w - w.mean()) ** 2).sum())
-        return max(float(t.mean()) + max(slope, 0.0) * (width - float(w.mean())), 1e-9)
+    def _target_cost(self, rows: int, width: int) -> float:
+        # a (rows, width) already measured uses its own EMA: on CPUs the cost is far from
+        # linear (smollm2-135m, 1 thread, one row: 37, 47, 80, 104 ms at widths 1, 2, 5, 9),
+        # and a line through all of them overestimates width 1, drafting where plain is faster
+        if (rows, width) in self.target_cost:
+            return self.target_cost[(rows, width)]
+        n = rows * width
+        same = [(b * w, t) for (b, w), t in self.target_cost.items() if b == rows]
+        if len(same) >= 2:  # widths measured at this many rows: along them
+            return _along(sorted(same), n)
+        model = sorted(_mean_by_key((b * w, t) for (b, w), t in self.target_cost.items()))
+        if same:  # one width at these rows: its cost, scaled as the tokens model scales
+            n0, t0 = same[0]
+            return t0 * _along(model, n) / max(_along(model, n0), 1e-12)
+        return _along(model, n)
+
+    def _draft_cost(self, rows: int) -> float:
+        if rows in self.draft_cost:
+            return self.draft_cost[rows]
+        return _along(sorted(self.draft_cost.items()), rows)
 
     def observe(self, drafted: torch.Tensor, accepted: torch.Tensor) -> None:
         """Per row: drafts proposed [B] and kept [B] in the last step."""
@@ -94,20 +118,22 @@ class DraftLengthPolicy:
         self.rejections += ((accepted < drafted) & (drafted > 0)).double()
 
     def observe_costs(self, draft_seconds: float, num_draft: int, target_seconds: float,
-                      width: int) -> None:
-        """One step's measured costs. Two one-off costs are kept out of the estimates: the
-        first measurement of each quantity is dropped (first calls pay for allocation and
-        lazy set-up: a float32 target's first one-row step builds its one-row weight copy,
-        974 ms against 45 ms, after which auto never chose plain steps again; llama.cpp's
-        first draft took 90 ms a token against 12), and a drafting step right after a step
-        without drafts is not counted (the drafter then also catches up on every token it
-        skipped)."""
+                      width: int, rows: int = 1) -> None:
+        """One step's measured costs at `rows` rows. Two one-off costs are kept out of the
+        estimates: the first measurement of drafting and of each width is dropped (first
+        calls pay for allocation and lazy set-up: a float32 target's first one-row step builds
+        its one-row weight copy, 974 ms against 45 ms, after which auto never chose plain
+        steps again; llama.cpp's first draft took 90 ms a token against 12), and a drafting
+        step right after a step without drafts or an admission is not counted (the drafter
+        then also catches up on every token it skipped, or prefills the new rows)."""
         if num_draft > 0 and self._drafted_last:
-            self.draft_cost = self._ema(self.draft_cost, draft_seconds / num_draft, "draft")
+            cost = self._ema(self.draft_cost.get(rows), draft_seconds / num_draft, "draft")
+            if cost is not None:
+                self.draft_cost[rows] = cost
         self._drafted_last = num_draft > 0
-        cost = self._ema(self.target_cost.get(width), target_seconds, width)
+        cost = self._ema(self.target_cost.get((rows, width)), target_seconds, width)
         if cost is not None:
-            self.target_cost[width] = cost
+            self.target_cost[(rows, width)] = cost
 
     def _ema(self, old: float | None, new: float, key) -> float | None:
         seen = self._observations.get(key, 0)
@@ -120,8 +146,37 @@ class DraftLengthPolicy:
         """Append `num_rows` new rows with no observations yet."""
         self.accepted = torch.cat([self.accepted, torch.zeros(num_rows)])
         self.rejections = torch.cat([self.rejections, torch.zeros(num_rows)])
+        self._drafted_last = False  # the next draft also prefills the new rows: not a cost
 
     def select(self, rows: torch.Tensor) -> None:
         rows = rows.cpu()
         self.accepted = self.accepted[rows]
         self.rejections = self.rejections[rows]
+
+
+def _mean_by_key(points) -> list[tuple[float, float]]:
+    """(x, y) points with equal x averaged."""
+    by: dict[float, list[float]] = {}
+    for x, y in points:
+        by.setdefault(x, []).append(y)
+    return [(x, sum(ys) / len(ys)) for x, ys in by.items()]
+
+
+def _along(points: list[tuple[float, float]], x: float) -> float:
+    """y at x on the piecewise-linear curve through `points` (sorted by x, distinct x),
+    extended by its end segments (slope at least 0); one point (x0, y0): y0 (0.5 + 0.5 x / x0)
+    (half fixed, half growing: taking every x as equally cheap made the widest draft look
+    free before it was measured)."""
+    assert points, "no measurement yet"
+    if len(points) == 1:
+        x0, y0 = points[0]
+        return y0 * (0.5 + 0.5 * x / x0)
+    if x <= points[0][0]:
+        (x0, y0), (x1, y1) = points[0], points[1]
+    elif x >= points[-1][0]:
+        (x0, y0), (x1, y1) = points[-2], points[-1]
+    else:
+        i = next(i for i in range(1, len(points)) if points[i][0] >= x)
+        (x0, y0), (x1, y1) = points[i - 1], points[i]
+    slope = max((y1 - y0) / (x1 - x0), 0.0)
+    return max(y0 + slope * (x - x0), 1e-9)

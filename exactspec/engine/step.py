@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from exactspec.drafters.base import DraftContext, TargetInfo
-from exactspec.engine.batch import BatchState, Row
+from exactspec.engine.batch import FAULT, BatchState, Row
 from exactspec.errors import InvalidValue
 from exactspec.sampling import DOMAIN_SAMPLE, RowStreams, Verdict, acceptance_law, sample
 from exactspec.sampling.history import history, prefix_history
@@ -29,7 +29,6 @@ class StepRules:
 
     verify: VerifyRule  # the acceptance rule (or the plain draw for plain decoding)
     check_q: bool  # validate the drafter's q (a user drafter's; the engine's own are exact)
-    max_new_tokens: int  # per row
     return_logprobs: bool  # collect log p of each emitted token
     # a tree drafter's step, tree_step(batch, rules, clock, room [B]) (engine/tree_step.py)
     tree_step: Callable | None = None
@@ -79,12 +78,21 @@ def decode_step(batch: BatchState, rules: StepRules, clock: Clock) -> list[tuple
     dev = batch.target.device
     clock.lap()
     # 1. propose: up to `want` drafts per row, within each row's budget and the context
-    room = torch.tensor([rules.max_new_tokens - len(r.output.tokens) for r in batch.rows])
+    room = torch.tensor([r.stop.max_new_tokens - len(r.output.tokens) for r in batch.rows])
     room = torch.minimum(room - 1, batch.target.max_context - batch.lengths.cpu())
-    if rules.tree_step is not None:  # a token tree instead of a chain
-        return rules.tree_step(batch, rules, clock, room.clamp(min=0))
-    want = batch.policy.choose(room)  # [B]
-    drafts, q = batch.drafter.propose(batch.context(), want.to(dev))  # [B, K'], [B, K', V]
+    drafting = batch.drafting()  # False: the drafter failed, these rows continue plain
+    if rules.tree_step is not None and drafting:  # a token tree instead of a chain
+        gained = rules.tree_step(batch, rules, clock, room.clamp(min=0))
+        if gained is not None:  # None: the drafter failed before anything ran
+            return gained
+        drafting = False
+    want = batch.policy.choose(room, len(batch))  # [B]
+    proposal = FAULT
+    if drafting:
+        proposal = batch.guard(batch.drafter.propose, batch.context(), want.to(dev))
+    if proposal is FAULT:  # plain: an empty proposal
+        proposal = NoDrafter().propose(batch.context(), want)
+    drafts, q = proposal  # [B, K'], [B, K', V]
     drafts = drafts.to(dev)
     num_real = (drafts >= 0).sum(1)  # [B]
     k = int(num_real.max()) if len(batch) else 0
@@ -100,8 +108,13 @@ def decode_step(batch: BatchState, rules: StepRules, clock: Clock) -> list[tuple
     p = target_probs(batch, logits, drafts)  # [B, K+1, V]
     # 4. verify. Rows always go through the rule, even when none drafted, so a row's
     # randomness never depends on the others.
-    if q is not None and rules.check_q:
-        check_draft_probs(batch.drafter, p, drafts, q)
+    if q is not None and rules.check_q and k > 0 and batch.guard(
+            check_draft_probs, batch.drafter, p, drafts, q) is FAULT:
+        # a user drafter's q failed its check: the step keeps only the token after the
+        # context (p at position 0 does not depend on the drafts), drawn as in plain decoding
+        drafts, q, p, k = drafts[:, :0], q[:, :0], p[:, :1], 0
+        num_real = torch.zeros_like(num_real)
+        feats = feats[:, :1] if feats is not None else None
     verdict = rules.verify(p, drafts, q, batch.streams)
     batch.streams.advance()
     n = verdict.num_accepted.to(dev)  # [B]
@@ -126,10 +139,11 @@ def finish_step(batch: BatchState, rules: StepRules, clock: Clock,
     dev = batch.target.device
     draft_s, target_s, verify_s = seconds
     batch.policy.observe(num_real, n)
-    batch.policy.observe_costs(draft_s, width - 1, target_s, width)
+    batch.policy.observe_costs(draft_s, width - 1, target_s, width, len(batch))
     logprobs = None
     if rules.return_logprobs:
         logprobs = p.gather(2, emitted.clamp(min=0)[..., None]).squeeze(-1).log().tolist()
+    tops = top_tokens(p, max((r.top_logprobs for r in batch.rows), default=0))
     gained = []
     now = time.perf_counter() - clock.start
     for j, (row, new, drafted, accepted) in enumerate(zip(
@@ -139,6 +153,10 @@ def finish_step(batch: BatchState, rules: StepRules, clock: Clock,
         out.tokens += new[:c]
         if logprobs is not None:
             out.logprobs += logprobs[j][:c]
+        if row.top_logprobs and tops is not None:
+            out.top += top_lists(tops[0][j][:c], tops[1][j][:c], new[:c],
+                                 logprobs[j][:c] if logprobs is not None else None,
+                                 row.top_logprobs)
         out.stats.record_step(drafted, accepted, len(out.tokens), draft_s, target_s, verify_s,
                               now - row.started)
         if reason is not None:
@@ -147,6 +165,30 @@ def finish_step(batch: BatchState, rules: StepRules, clock: Clock,
     batch.append(emitted, torch.tensor([len(g) for _, g in gained], dtype=torch.long,
                                        device=dev), feats)
     return gained
+
+
+def top_tokens(p: torch.Tensor,  # [B, K+1, V]
+               k: int) -> tuple[list, list] | None:  # ids, log p: [B][K+1][k] lists
+    """The k most likely tokens at every position and their log p, from the very p the step
+    verified with (log taken in float32 as the emitted tokens' logprobs are, so a token's
+    entry here equals its logprob bit for bit). None when k == 0."""
+    if k <= 0:
+        return None
+    vals, idx = p.topk(min(k, p.shape[-1]), dim=-1)  # [B, K+1, k]
+    return idx.tolist(), vals.log().tolist()
+
+
+def top_lists(ids: list[list[int]], vals: list[list[float]], emitted: list[int],
+              logprobs: list[float] | None, k: int) -> list[list[tuple[int, float]]]:
+    """Per emitted token, its position's k most likely (token, log p) with p > 0; the emitted
+    token's own entry carries its logprob (the same float: one log, not two)."""
+    out = []
+    for j, (i_row, v_row) in enumerate(zip(ids, vals, strict=True)):
+        pairs = [(i, v) for i, v in zip(i_row[:k], v_row[:k], strict=True) if v > -float("inf")]
+        if logprobs is not None:
+            pairs = [(i, logprobs[j] if i == emitted[j] else v) for i, v in pairs]
+        out.append(pairs)
+    return out
 
 
 def target_probs(batch: BatchState, logits: torch.Tensor,  # [B, K+1, V]

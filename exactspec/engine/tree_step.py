@@ -16,7 +16,7 @@ import torch
 
 from exactspec.drafters.base import DraftContext
 from exactspec.drafters.dynamic_tree import DynamicTree
-from exactspec.engine.batch import BatchState, Row
+from exactspec.engine.batch import FAULT, BatchState, Row
 from exactspec.engine.step import Clock, StepRules, finish_step
 from exactspec.errors import InvalidValue
 from exactspec.models.tree_attention import commit_path, extend_tree, path_index
@@ -64,10 +64,13 @@ def tree_rule(drafter, verify) -> partial | None:
 
 
 def tree_step(batch: BatchState, rules: StepRules, clock: Clock, room: torch.Tensor, *,
-              method: str) -> list[tuple[Row, list[int]]]:  # room [B]: tokens each row may add
-    """One step of every row with a token tree; see the module docstring."""
+              method: str) -> list[tuple[Row, list[int]]] | None:  # room [B]: tokens a row may add
+    """One step of every row with a token tree; see the module docstring. None when the
+    drafter raised (under on_fault="plain"): nothing ran, the caller steps plain."""
     dev = batch.target.device
-    tree = batch.drafter.propose_tree(batch.context(), room.to(dev))  # [B, N] nodes
+    tree = batch.guard(batch.drafter.propose_tree, batch.context(), room.to(dev))  # [B, N] nodes
+    if tree is FAULT:
+        return None
     tree = _on(tree, dev)
     draft_s = clock.lap()
     root = batch.tokens.gather(1, (batch.lengths - 1)[:, None])[:, 0]  # [B] last token

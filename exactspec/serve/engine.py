@@ -10,10 +10,15 @@ Randomness: choice i of a request with seed s draws from the row stream (s, i), 
 a given seed is the one `es.generate` gives for it alone, whatever else shares the batch (up to
 float rounding of batched matrix products, and at a fixed `num_draft_tokens`).
 
-Continuous batching: the loop admits waiting requests between decode steps (the engine's
-`Decoder.admit`, up to `max_batch` rows), runs one `Decoder.step` for every row in flight,
-and finished or cancelled rows leave. Each row keeps its own sampling parameters, seed, stop
-strings and max_tokens; rows of equal parameters are standardized together.
+Continuous batching through the engine's one boundary, `Decoder`: the loop admits waiting
+requests between decode steps (`admit`, up to `max_batch` rows; the new rows are prefilled
+alone, in the target and the drafter, the running ones keep their caches), runs one `step`
+for every row in flight, and `drop`s cancelled rows; finished rows leave by themselves. Each
+row carries its own sampling parameters, seed, stop strings, max_tokens and top_logprobs;
+rows of equal parameters are standardized together. Top log-probabilities come from the p
+the step verified with (no second forward). A drafter that raises inside a step does not
+fail any request: the rows in flight continue with plain decoding (exact) and the drafter
+restarts once they have left (counted in `exactspec:drafter_faults_total`).
 """
 
 from __future__ import annotations
@@ -30,12 +35,11 @@ from exactspec.drafters.base import Drafter
 from exactspec.engine.batch import Row
 from exactspec.engine.loop import DecodeConfig, Decoder
 from exactspec.engine.results import GenerationStats
-from exactspec.engine.stopping import StopRule
 from exactspec.models.loading import Model
 from exactspec.sampling import RowStreams, SamplingParams
 from exactspec.serve.metrics import Metrics
 from exactspec.serve.protocol import ApiError, RequestSpec
-from exactspec.serve.rows import RowText, top_logprobs
+from exactspec.serve.rows import RowText
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +206,7 @@ class ServingEngine:
     # --- the engine thread ----------------------------------------------------------------
 
     def _loop(self) -> None:
-        decoder = None  # rows in flight; rebuilt after an internal error
+        decoder = None  # the engine: rows in flight; rebuilt after an internal error
         live: dict[int, tuple[Submission, Choice, Row]] = {}  # row id -> its request
         while True:
             with self._cond:
@@ -215,10 +219,7 @@ class ServingEngine:
             try:
                 if decoder is None:
                     decoder = self._decoder()
-                for group in self._admission_groups(taken):
-                    rows = self._rows(decoder, group, live)
-                    decoder.cfg.max_new_tokens = max(s.spec.max_tokens for s in group)
-                    decoder.admit(rows)
+                decoder.admit(self._rows(decoder, taken, live))
                 self._drop_cancelled(decoder, live)
                 if decoder.rows:
                     self._step(decoder, live)
@@ -262,28 +263,15 @@ class ServingEngine:
         return taken
 
     def _decoder(self) -> Decoder:
-        # max_new_tokens is set per admission; the step's draft room is bounded by the context
-        cfg = DecodeConfig(params=SamplingParams(), max_new_tokens=self.model.max_context,
+        """The engine object this thread drives; a row carries its own budget, stop strings,
+        sampling parameters and seed, so nothing here changes per request. A drafter that
+        raises inside a step leaves its rows to continue plain (exact) and the server serving."""
+        cfg = DecodeConfig(params=SamplingParams(), max_new_tokens=1,
                            num_draft_tokens=self.config.num_draft_tokens,
                            verify=self.config.verify, return_logprobs=True,
                            eos_token_ids=self.model.eos_token_ids, stop=[],
                            tokenizer=self.model.tokenizer)
-        return Decoder(self.model, self.drafter, cfg)
-
-    def _admission_groups(self, subs: list[Submission]) -> list[list[Submission]]:
-        """Requests admitted together: the longest prompt plus the largest max_tokens must fit
-        the context (each request fits alone; it was checked on arrival)."""
-        groups, longest, budget = [], 0, 0
-        for sub in subs:
-            p = max(map(len, sub.spec.prompts))
-            if groups and max(longest, p) + max(budget, sub.spec.max_tokens) \
-                    <= self.model.max_context:
-                groups[-1].append(sub)
-                longest, budget = max(longest, p), max(budget, sub.spec.max_tokens)
-            else:
-                groups.append([sub])
-                longest, budget = p, sub.spec.max_tokens
-        return groups
+        return Decoder(self.model, self.drafter, cfg, on_fault="plain")
 
     def _rows(self, decoder: Decoder, subs: list[Submission],
               live: dict[int, tuple[Submission, Choice, Row]]) -> list[Row]:
@@ -292,31 +280,30 @@ class ServingEngine:
             spec = sub.spec
             params = replace(spec.params, seed=None)  # one object: the rows share one law
             for c in sub.choices:
-                stop = StopRule(eos_token_ids=self.model.eos_token_ids, stop=list(spec.stop),
-                                tokenizer=self.model.tokenizer, max_new_tokens=spec.max_tokens)
-                row = Row(next(self._ids), c.prompt, params, c.seed, stop)
+                row = decoder.make_row(next(self._ids), c.prompt, params, c.seed,
+                                       max_new_tokens=spec.max_tokens, stop=list(spec.stop),
+                                       top_logprobs=spec.top_logprobs or 0)
                 live[row.id] = (sub, c, row)
                 rows.append(row)
         return rows
 
     def _drop_cancelled(self, decoder: Decoder, live: dict) -> None:
-        """Rows nobody reads any more leave the batch now."""
-        gone = [j for j, r in enumerate(decoder.rows) if live[r.id][0].cancelled]
-        if not gone:
-            return
-        keep = [j for j in range(len(decoder.rows)) if j not in set(gone)]
-        for j in gone:
-            sub, _, row = live.pop(decoder.rows[j].id)
+        """Rows nobody reads any more leave the batch now (a client gone, a timeout)."""
+        gone = decoder.drop([i for i, (sub, _, _) in live.items() if sub.cancelled])
+        for row in gone:
+            sub, _, _ = live.pop(row.id)
             self.metrics.observe_row(row.output.stats)
             if not sub.done:
                 sub.done = True
                 self.metrics.count("requests", "cancelled")
-        decoder.batch.select(keep)
 
     def _step(self, decoder: Decoder, live: dict) -> None:
         start = time.perf_counter()
+        faults = decoder.drafter_faults
         gained = decoder.step()
         self.metrics.observe_steps(1, time.perf_counter() - start)
+        if decoder.drafter_faults > faults:
+            self.metrics.count("drafter_faults", "step", decoder.drafter_faults - faults)
         with self.metrics.lock:
             self.metrics.peak_batch_rows = max(self.metrics.peak_batch_rows, len(gained))
         for row, new in gained:
@@ -334,17 +321,13 @@ class ServingEngine:
         now = time.perf_counter()
         if sub.first_token is None:
             sub.first_token = now
-            with self.metrics.lock:
-                self.metrics.ttft.observe(now - sub.submitted)
+            self.metrics.ttft.observe(now - sub.submitted)
         finished = out.finish_reason is not None
         text = choice.text.push(new, finished=finished, cut=out.cut)
         lps = out.logprobs[len(out.logprobs) - len(new):] if spec.logprobs else None
         if not finished and not new:
             return
-        top = None
-        if spec.top_logprobs:
-            top = top_logprobs(self.model, choice.prompt, out.tokens,
-                               len(out.tokens) - len(new), spec.params, spec.top_logprobs)
+        top = out.top[len(out.top) - len(new):] if spec.top_logprobs else None
         reason = None
         if finished:
             reason = "length" if out.finish_reason == "length" else "stop"
@@ -359,10 +342,4 @@ class ServingEngine:
         if all(c.finished for c in sub.choices):
             sub.done = True
             self.metrics.count("requests", reason)
-            with self.metrics.lock:
-                self.metrics.e2e.observe(now - sub.submitted)
-
-
-def _batch_key(spec: RequestSpec) -> tuple:
-    """Requests with equal keys can share one decode batch (each row keeps its own seed)."""
-    return (replace(spec.params, seed=None), spec.max_tokens, tuple(spec.stop), spec.logprobs)
+            self.metrics.e2e.observe(now - sub.submitted)

@@ -1,7 +1,9 @@
-"""Server metrics in Prometheus' text format, names modelled on vLLM's (`vllm:spec_decode_*`).
+"""Server metrics through `prometheus_client`, names modelled on vLLM's (`vllm:spec_decode_*`).
 
-Counters only grow; gauges are read when scraped. Everything is updated by the engine thread
-and the HTTP handlers under one lock.
+The engine thread and the HTTP handlers update plain fields under one lock (tests and the
+replica router read them); a collector turns them into Prometheus families at scrape time,
+and the latency histograms are `prometheus_client.Histogram`s. Every instance has its own
+registry, so several servers in one process (tests, bench-serve) never share counts.
 """
 
 from __future__ import annotations
@@ -9,43 +11,25 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
 from exactspec.engine.results import GenerationStats
 
 PREFIX = "exactspec:"
 # Upper bounds (seconds) of the latency histograms' buckets.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-
-
-class Histogram:
-    """Cumulative buckets, sum and count, as Prometheus histograms are exposed."""
-
-    def __init__(self) -> None:
-        self.counts = [0] * len(BUCKETS)  # observations <= BUCKETS[i]
-        self.total = 0  # observations
-        self.sum = 0.0  # of the observed values
-
-    def observe(self, value: float) -> None:
-        for i, upper in enumerate(BUCKETS):
-            if value <= upper:
-                self.counts[i] += 1
-        self.total += 1
-        self.sum += value
-
-    def lines(self, name: str) -> list[str]:
-        out = [f'{name}_bucket{{le="{upper}"}} {c}' for upper, c in zip(BUCKETS, self.counts,
-                                                                          strict=True)]
-        out += [f'{name}_bucket{{le="+Inf"}} {self.total}', f"{name}_sum {self.sum}",
-                f"{name}_count {self.total}"]
-        return out
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what /metrics answers with
 
 
 class Metrics:
     """Every number /metrics reports."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()  # guards every field
+        self.lock = threading.Lock()  # guards every plain field below
         self.requests = defaultdict(int)  # finished requests by outcome: stop, length, error...
         self.rejected = defaultdict(int)  # refused before the engine, by reason
+        self.drafter_faults = defaultdict(int)  # drafter exceptions survived (rows went plain)
         self.prompt_tokens = 0  # over finished and running requests
         self.generation_tokens = 0  # tokens emitted to choices
         self.steps = 0  # engine steps (one target forward over the batch each)
@@ -55,13 +39,21 @@ class Metrics:
         self.row_steps = 0  # (choice, step) pairs: the denominator of acceptance length
         self.accepted_per_pos: dict[int, int] = defaultdict(int)  # position -> accepted drafts
         self.drafted_per_pos: dict[int, int] = defaultdict(int)  # position -> proposed drafts
-        self.step_seconds = Histogram()  # wall time of one engine step
-        self.ttft = Histogram()  # submission to first token
-        self.e2e = Histogram()  # submission to the last token
         self.waiting = 0  # gauge: requests queued, not yet decoding
         self.running = 0  # gauge: requests decoding
         self.batch_rows = 0  # gauge: rows in the engine's batch now
         self.peak_batch_rows = 0  # gauge: the most rows one step has decoded
+        self.registry = CollectorRegistry(auto_describe=False)  # this server's own
+        self.step_seconds = Histogram(  # wall time of one engine step
+            f"{PREFIX}engine_step_seconds", "Wall time of one engine step.", buckets=BUCKETS,
+            registry=self.registry)
+        self.ttft = Histogram(  # submission to first token
+            f"{PREFIX}time_to_first_token_seconds", "Submission to first token.",
+            buckets=BUCKETS, registry=self.registry)
+        self.e2e = Histogram(  # submission to the last token
+            f"{PREFIX}e2e_request_latency_seconds", "Submission to last token.",
+            buckets=BUCKETS, registry=self.registry)
+        self.registry.register(_Fields(self))
 
     def observe_row(self, stats: GenerationStats) -> None:
         """A choice finished (or was cancelled): add its speculative statistics."""
@@ -80,8 +72,8 @@ class Metrics:
         """`steps` engine steps took `seconds` in all (each is recorded at the mean)."""
         with self.lock:
             self.steps += steps
-            for _ in range(steps):
-                self.step_seconds.observe(seconds / steps)
+        for _ in range(steps):
+            self.step_seconds.observe(seconds / steps)
 
     def count(self, field: str, key: str, value: int = 1) -> None:
         with self.lock:
@@ -89,62 +81,57 @@ class Metrics:
 
     def render(self) -> str:
         """The Prometheus text exposition (version 0.0.4)."""
-        with self.lock:
-            return "\n".join(self._lines()) + "\n"
+        return generate_latest(self.registry).decode()
 
-    def _lines(self) -> list[str]:
-        p = PREFIX
-        mean_len = (self.generation_tokens / self.row_steps) if self.row_steps else 0.0
-        out: list[str] = []
 
-        def metric(name: str, kind: str, help_: str, samples: list[str]) -> None:
-            out.extend([f"# HELP {p}{name} {help_}", f"# TYPE {p}{name} {kind}"])
-            out.extend(f"{p}{s}" for s in samples)
+class _Fields:
+    """A prometheus_client collector over a `Metrics`' plain fields, read at scrape time."""
 
-        metric("num_requests_running", "gauge", "Requests decoding in the engine.",
-               [f"num_requests_running {self.running}"])
-        metric("num_requests_waiting", "gauge", "Requests queued for the engine.",
-               [f"num_requests_waiting {self.waiting}"])
-        metric("num_batch_rows", "gauge", "Rows (choices) in the engine's current batch.",
-               [f"num_batch_rows {self.batch_rows}"])
-        metric("num_batch_rows_peak", "gauge", "The most rows one engine step has decoded.",
-               [f"num_batch_rows_peak {self.peak_batch_rows}"])
-        metric("request_success_total", "counter", "Finished requests by finish reason.",
-               [f'request_success_total{{finished_reason="{k}"}} {v}'
-                for k, v in sorted(self.requests.items())] or ["request_success_total 0"])
-        metric("request_rejected_total", "counter", "Requests refused before the engine.",
-               [f'request_rejected_total{{reason="{k}"}} {v}'
-                for k, v in sorted(self.rejected.items())] or ["request_rejected_total 0"])
-        metric("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
-               [f"prompt_tokens_total {self.prompt_tokens}"])
-        metric("generation_tokens_total", "counter", "Tokens generated.",
-               [f"generation_tokens_total {self.generation_tokens}"])
-        metric("engine_steps_total", "counter", "Engine steps (one target forward each).",
-               [f"engine_steps_total {self.steps}"])
-        metric("spec_decode_num_drafts_total", "counter",
-               "Row-steps in which draft tokens were proposed.",
-               [f"spec_decode_num_drafts_total {self.drafts}"])
-        metric("spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.",
-               [f"spec_decode_num_draft_tokens_total {self.draft_tokens}"])
-        metric("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
-               [f"spec_decode_num_accepted_tokens_total {self.accepted_tokens}"])
-        metric("spec_decode_num_accepted_tokens_per_pos_total", "counter",
-               "Accepted draft tokens by draft position (0 = first).",
-               [f'spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {c}'
-                for i, c in sorted(self.accepted_per_pos.items())]
-               or ["spec_decode_num_accepted_tokens_per_pos_total 0"])
-        metric("spec_decode_num_draft_tokens_per_pos_total", "counter",
-               "Proposed draft tokens by draft position (0 = first).",
-               [f'spec_decode_num_draft_tokens_per_pos_total{{position="{i}"}} {c}'
-                for i, c in sorted(self.drafted_per_pos.items())]
-               or ["spec_decode_num_draft_tokens_per_pos_total 0"])
-        metric("spec_decode_mean_acceptance_length", "gauge",
-               "Tokens emitted per row-step, the bonus / recovered token included.",
-               [f"spec_decode_mean_acceptance_length {mean_len}"])
-        metric("engine_step_seconds", "histogram", "Wall time of one engine step.",
-               self.step_seconds.lines("engine_step_seconds"))
-        metric("time_to_first_token_seconds", "histogram", "Submission to first token.",
-               self.ttft.lines("time_to_first_token_seconds"))
-        metric("e2e_request_latency_seconds", "histogram", "Submission to last token.",
-               self.e2e.lines("e2e_request_latency_seconds"))
-        return out
+    def __init__(self, m: Metrics) -> None:
+        self.m = m  # the fields' owner
+
+    def collect(self):
+        m, p = self.m, PREFIX
+        with m.lock:
+            mean_len = (m.generation_tokens / m.row_steps) if m.row_steps else 0.0
+            gauges = [("num_requests_running", "Requests decoding in the engine.", m.running),
+                      ("num_requests_waiting", "Requests queued for the engine.", m.waiting),
+                      ("num_batch_rows", "Rows (choices) in the engine's current batch.",
+                       m.batch_rows),
+                      ("num_batch_rows_peak", "The most rows one engine step has decoded.",
+                       m.peak_batch_rows),
+                      ("spec_decode_mean_acceptance_length",
+                       "Tokens emitted per row-step, the bonus / recovered token included.",
+                       mean_len)]
+            counters = [("prompt_tokens", "Prompt tokens of admitted requests.",
+                         m.prompt_tokens),
+                        ("generation_tokens", "Tokens generated.", m.generation_tokens),
+                        ("engine_steps", "Engine steps (one target forward each).", m.steps),
+                        ("spec_decode_num_drafts",
+                         "Row-steps in which draft tokens were proposed.", m.drafts),
+                        ("spec_decode_num_draft_tokens", "Draft tokens proposed.",
+                         m.draft_tokens),
+                        ("spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                         m.accepted_tokens)]
+            labelled = [("request_success", "Finished requests by finish reason.",
+                         "finished_reason", dict(m.requests)),
+                        ("request_rejected", "Requests refused before the engine.", "reason",
+                         dict(m.rejected)),
+                        ("drafter_faults", "Drafter exceptions inside a step; the rows in "
+                         "flight continued with plain decoding.", "where",
+                         dict(m.drafter_faults)),
+                        ("spec_decode_num_accepted_tokens_per_pos",
+                         "Accepted draft tokens by draft position (0 = first).", "position",
+                         {str(k): v for k, v in m.accepted_per_pos.items()}),
+                        ("spec_decode_num_draft_tokens_per_pos",
+                         "Proposed draft tokens by draft position (0 = first).", "position",
+                         {str(k): v for k, v in m.drafted_per_pos.items()})]
+        for name, help_, value in gauges:
+            yield GaugeMetricFamily(p + name, help_, value=value)
+        for name, help_, value in counters:
+            yield CounterMetricFamily(p + name, help_, value=value)
+        for name, help_, label, values in labelled:
+            family = CounterMetricFamily(p + name, help_, labels=[label])
+            for key, value in sorted(values.items()):
+                family.add_metric([key], value)
+            yield family

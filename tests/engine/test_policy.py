@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from exactspec.engine.policy import (
@@ -22,8 +24,9 @@ def _policy(accepted, rejections, draft_cost, target_costs):
     pol = DraftLengthPolicy("auto", len(accepted))
     pol.accepted = torch.tensor(accepted, dtype=torch.float64)
     pol.rejections = torch.tensor(rejections, dtype=torch.float64)
-    pol.draft_cost = draft_cost
-    pol.target_cost = dict(target_costs)
+    rows = len(accepted)
+    pol.draft_cost = {rows: draft_cost}  # measured at this many rows
+    pol.target_cost = {(rows, w): t for w, t in target_costs.items()}
     return pol
 
 
@@ -84,7 +87,7 @@ def test_one_measured_width_does_not_make_wider_forwards_look_free():
     # alpha ~0.86 (prompt lookup on a copy task) with only width 5 measured: the old rule took
     # every width as costing what width 5 did and jumped to the widest draft
     pol = _policy([86], [13], draft_cost=1e-5, target_costs={5: 0.010})
-    assert pol._target_cost(9) > pol._target_cost(5) > pol._target_cost(1)
+    assert pol._target_cost(1, 9) > pol._target_cost(1, 5) > pol._target_cost(1, 1)
     alpha = 87 / 101
 
     def rate(kk):
@@ -130,16 +133,50 @@ def test_per_row_lengths_are_capped_by_each_rows_room_and_brute_force_optimal():
 
 def test_first_measurements_and_catch_up_steps_are_not_costs():
     """A width's first forward (lazy set-up) and a draft right after a plain step (catch-up)
-    would each poison the estimates; neither is counted."""
+    or an admission (the new rows' prefill) would each poison the estimates; none is counted."""
     pol = DraftLengthPolicy("auto", 1)
     pol.observe_costs(0.090, 4, 0.500, 5)  # first draft and first width-5 forward: dropped
-    assert pol.draft_cost is None and 5 not in pol.target_cost
+    assert not pol.draft_cost and (1, 5) not in pol.target_cost
     pol.observe_costs(0.048, 4, 0.070, 5)
-    assert pol.draft_cost == 0.012 and pol.target_cost[5] == 0.070
+    assert pol.draft_cost[1] == 0.012 and pol.target_cost[(1, 5)] == 0.070
     pol.observe_costs(0.0, 0, 1.900, 1)  # first width-1 forward: dropped
     pol.observe_costs(0.0, 0, 0.045, 1)
-    assert pol.target_cost[1] == 0.045
+    assert pol.target_cost[(1, 1)] == 0.045
     pol.observe_costs(0.400, 4, 0.070, 5)  # drafting after a plain step: catch-up, not counted
-    assert pol.draft_cost == 0.012
+    assert pol.draft_cost[1] == 0.012
     pol.observe_costs(0.052, 4, 0.070, 5)
-    assert abs(pol.draft_cost - (0.8 * 0.012 + 0.2 * 0.013)) < 1e-12
+    assert abs(pol.draft_cost[1] - (0.8 * 0.012 + 0.2 * 0.013)) < 1e-12
+    pol.admit(1)
+    pol.observe_costs(0.900, 4, 0.070, 5)  # the first draft after an admission: not counted
+    assert abs(pol.draft_cost[1] - (0.8 * 0.012 + 0.2 * 0.013)) < 1e-12
+
+
+def test_costs_are_per_row_count_and_plain_wins_where_the_forward_is_compute_bound():
+    """Measured (rows, width) costs: one row pays for drafting (a width-5 forward costs 1.3x
+    a width-1 one), sixteen rows do not (it costs 4x there); the same acceptance, two answers.
+    Unmeasured row counts are read from the measured ones by tokens (rows x width)."""
+    pol = DraftLengthPolicy("auto", 16)
+    pol.accepted, pol.rejections = torch.full((16,), 70.0), torch.full((16,), 30.0)
+    pol.draft_cost = {1: 0.004, 16: 0.010}
+    pol.target_cost = {(1, 1): 0.030, (1, 5): 0.040, (16, 1): 0.060, (16, 5): 0.240}
+    assert pol.choose(rows=16).tolist() == [0] * 16
+    one = DraftLengthPolicy("auto", 1)
+    one.accepted, one.rejections = torch.tensor([70.0]), torch.tensor([30.0])
+    one.draft_cost, one.target_cost = pol.draft_cost, pol.target_cost
+    assert one.choose(rows=1).tolist()[0] >= 2
+    # 12 rows, never measured: between the two, along tokens; at 12 x 5 = 60 tokens the
+    # forward is far dearer than at 12 x 1, so plain again
+    assert pol._target_cost(12, 5) > 2.5 * pol._target_cost(12, 1)
+    twelve = DraftLengthPolicy("auto", 12)
+    twelve.accepted, twelve.rejections = torch.full((12,), 70.0), torch.full((12,), 30.0)
+    twelve.draft_cost, twelve.target_cost = pol.draft_cost, pol.target_cost
+    twelve.steps = 1  # not a step that measures plain's cost
+    assert twelve.choose(rows=12).tolist() == [0] * 12
+
+
+def test_probes_back_off_while_plain_keeps_winning():
+    pol = _policy([0], [200], draft_cost=1e-4, target_costs={1: 0.010, 5: 0.014})
+    chosen = [pol.choose().tolist()[0] for _ in range(AUTO_PROBE_EVERY * 7)]
+    probes = [i for i, k in enumerate(chosen) if k]
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert gaps == sorted(gaps) and gaps[-1] >= 4 * AUTO_PROBE_EVERY

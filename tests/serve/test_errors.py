@@ -1,5 +1,6 @@
 """Every error class: 400 naming the field (nothing reaches the engine), 401, 404, 429 with
-Retry-After, 500 for that request only, 504 on timeout; a disconnect cancels the row."""
+Retry-After, 500 for that request only, 504 on timeout; a disconnect cancels the row and frees
+it at the next step; a drafter that raises fails no request (its rows continue plain)."""
 
 from __future__ import annotations
 
@@ -126,18 +127,79 @@ class Faulty:
         return self.inner.propose(context, num_tokens)
 
 
+def test_a_raising_drafter_fails_no_request_and_its_rows_continue_plain(tiny):
+    """The drafter raises whenever a row holds the poison token: those rows finish with plain
+    decoding (greedy: plain greedy's text), the fault is counted, and once they have left the
+    drafter restarts and serves the next requests."""
+    poison = tiny.encode("z")[0]
+    greedy = es.SamplingParams(temperature=0)
+    with start(tiny, Faulty(poison)) as srv:
+        c = client(srv)
+        r = c.completions.create(model=NAME, prompt="zzz", max_tokens=12, temperature=0)
+        (g,) = es.generate(tiny, ["zzz"], params=greedy, max_new_tokens=12)
+        assert r.choices[0].text == g.text and r.usage.completion_tokens == len(g.token_ids)
+        text = "".join(ch.choices[0].text for ch in c.completions.create(
+            model=NAME, prompt="zzz", max_tokens=12, temperature=0, stream=True) if ch.choices)
+        assert text == g.text
+        faults = _metric_value(srv, 'exactspec:drafter_faults_total{where="step"}')
+        assert faults >= 2 and srv.app.state.metrics.requests.get("error", 0) == 0
+        ok = c.completions.create(model=NAME, prompt="abcabcabcabc", max_tokens=12,
+                                  temperature=0, logit_bias={str(poison): -100})
+        assert ok.usage.completion_tokens == 12
+        assert ok.model_extra["exactspec"]["drafted"] > 0  # the drafter is back
+        assert _metric_value(srv, 'exactspec:drafter_faults_total{where="step"}') == faults
+
+
+class OutOfRange:
+    """A drafter whose draft token is no token of the model: the target's forward fails, an
+    internal error outside the drafter (500 for the rows in flight)."""
+
+    hidden_layers = None
+
+    def __init__(self, poison: int) -> None:
+        self.poison = poison
+
+    def begin(self, context, target):
+        pass
+
+    def select(self, rows):
+        pass
+
+    def propose(self, context, num_tokens):
+        b = num_tokens.shape[0]
+        if (context.tokens == self.poison).any():
+            return torch.full((b, 1), 10_000, dtype=torch.long), None
+        return torch.full((b, 0), -1, dtype=torch.long), None
+
+
 def test_internal_error_is_500_and_the_server_keeps_serving(tiny):
     poison = tiny.encode("z")[0]
-    with start(tiny, Faulty(poison)) as srv:
+    with start(tiny, OutOfRange(poison)) as srv:
         c = client(srv)
         with pytest.raises(openai.InternalServerError) as e:
             c.completions.create(model=NAME, prompt="zzz", max_tokens=4)
-        assert e.value.status_code == 500 and "the drafter broke" in e.value.body["message"]
-        with pytest.raises(openai.APIError, match="the drafter broke"):  # streams: an error event
+        assert e.value.status_code == 500 and e.value.body["code"] == "internal_error"
+        with pytest.raises(openai.APIError, match="internal error"):  # streams: an error event
             list(c.completions.create(model=NAME, prompt="zz", max_tokens=4, stream=True))
         ok = c.completions.create(model=NAME, prompt="abc", max_tokens=4, temperature=0,
                                   logit_bias={str(poison): -100})
         assert ok.usage.completion_tokens == 4
+
+
+def test_context_overflow_is_400_naming_both_numbers(server, tiny):
+    ctx = tiny.max_context
+    with pytest.raises(openai.BadRequestError) as e:
+        client(server).completions.create(model=NAME, prompt="abc", max_tokens=ctx)
+    message = e.value.body["message"]
+    assert f"'max_tokens'={ctx}" in message and "3 tokens" in message
+    assert f"context of {ctx} tokens" in message and e.value.body["param"] == "max_tokens"
+
+
+def _metric_value(srv, name: str) -> float:
+    for line in httpx.get(srv.url + "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
 
 
 class Slow:
@@ -174,6 +236,7 @@ def test_disconnect_cancels_the_row(tiny):
             lines = r.iter_lines()
             assert next(lines).startswith("data: ")
         _wait(lambda: _success(srv, "cancelled") == 1)
+        _wait(lambda: srv.app.state.metrics.batch_rows == 0)  # the row left the batch
         emitted = srv.app.state.metrics.generation_tokens
         assert 0 < emitted < 100  # the row stopped long before its 400 tokens
         with pytest.raises(httpx.ReadTimeout):  # a non-streaming client that gives up
