@@ -1,4 +1,5 @@
-"""The engines `exactspec bench` compares: exactspec's decoders and transformers' `generate`.
+"""The engines `exactspec bench` compares: exactspec's decoders, transformers' `generate` and
+llama.cpp's plain decoding of the same weights (bench/llama_cpp.py).
 
 Every engine runs a batch of token-id prompts with the same max_new_tokens and sampling mode
 and returns a `Run` (tokens, wall seconds, and, for exactspec, the engine's step statistics).
@@ -11,116 +12,29 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
 
+from exactspec.bench import llama_cpp
+from exactspec.bench.figures import linear_weight_bytes
 from exactspec.bench.hf_quantized import quantized_copy
+from exactspec.bench.specs import MODES, EngineSpec, Mode, Run, add_counts
 from exactspec.drafters import DraftModel, PromptLookup, QuantizedDraft, SuffixDrafter
-from exactspec.drafters.dynamic_tree import DynamicTree
 from exactspec.engine import generate
 from exactspec.errors import InvalidValue
+from exactspec.models.lean import lean_forward_for
 from exactspec.models.loading import Model
-from exactspec.sampling import SamplingParams, branching_parents
 
-
-@dataclass(frozen=True)
-class Mode:
-    """A sampling setting every engine is run with."""
-
-    name: str  # "greedy" | "t1" | "t0.7p0.9"
-    temperature: float  # 0 = greedy
-    top_p: float = 1.0  # 1.0 = off
-
-    def params(self, seed: int) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=seed)
-
-    def hf_kwargs(self) -> dict:
-        """The same setting for transformers `generate` (every other filter off)."""
-        if self.temperature == 0:
-            return dict(do_sample=False, temperature=None, top_p=None, top_k=None)
-        return dict(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0)
-
-
-MODES = {
-    "greedy": Mode("greedy", 0.0),
-    "t1": Mode("t1", 1.0),
-    "t0.7p0.9": Mode("t0.7p0.9", 0.7, 0.9),
-}
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """One engine of the comparison."""
-
-    name: str  # shown in tables and plots
-    family: str  # "exactspec" | "transformers"
-    drafter: str  # "none" | "lookup" | "draft" | "eagle" | "int8" | "int4" (quantized self-draft)
-    k: int | str = 0  # draft tokens per step, or "auto"; 0 for plain decoding
-    verify: str = "token"  # exactspec verification method ("token" | "block")
-    counterpart: str | None = None  # the transformers engine this one is compared with
-    sampling_only: bool = False  # skip in greedy mode (block == token when p is one-hot)
-    # a token tree: branching per depth (exactspec/drafters/tree_draft.py; prompt lookup's
-    # M branches of depth D are (M, 1, ..., 1)) or an EAGLE-2 DynamicTree (node budget);
-    # None: chains of k tokens
-    tree: tuple[int, ...] | DynamicTree | None = None
-    siblings: str = "without_replacement"  # how a sampled tree's siblings are drawn
-
-    @property
-    def draft_nodes(self) -> int | None:
-        """Draft positions the target scores per step (tree nodes, a dynamic tree's node
-        budget, or K); None for auto."""
-        if isinstance(self.tree, DynamicTree):
-            return self.tree.node_budget
-        if self.tree is not None:
-            return len(branching_parents(self.tree))
-        return self.k if isinstance(self.k, int) else None
-
-    @property
-    def verify_width(self) -> int | None:
-        """Positions one verify forward scores: the draft nodes + 1 (the last committed
-        token); None for auto (the policy picks K per step)."""
-        n = self.draft_nodes
-        return None if n is None else n + 1
-
-    @property
-    def draft_forwards(self) -> int | None:
-        """Drafter calls per step: one per tree depth (a dynamic tree's deepest), one per
-        chain token (K)."""
-        if isinstance(self.tree, DynamicTree):
-            return self.tree.max_depth
-        return len(self.tree) if self.tree is not None else self.draft_nodes
-
-    def tree_json(self) -> list[int] | dict | None:
-        """The tree for the result JSON: the branching list, or a dynamic tree's fields."""
-        if isinstance(self.tree, DynamicTree):
-            return asdict(self.tree)
-        return list(self.tree) if self.tree is not None else None
-
-
-@dataclass
-class Run:
-    """One engine on one batch of prompts."""
-
-    tokens: int  # generated tokens, all rows
-    seconds: float  # wall time of the whole call, prefill included
-    steps: int = 0  # target forwards (exactspec: summed over rows)
-    drafted: int = 0  # draft tokens proposed
-    accepted: int = 0  # draft tokens kept
-    accepted_per_position: list[int] = field(default_factory=list)  # steps keeping draft i
-    drafted_per_position: list[int] = field(default_factory=list)  # steps with a draft i
-    prefill_seconds: float = 0.0  # exactspec's time split (first row's view of its batch)
-    draft_seconds: float = 0.0
-    target_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    texts: list[list[int]] = field(default_factory=list)  # generated ids per row
+__all__ = ["MODES", "EngineSpec", "Engines", "Mode", "Run", "add_counts", "default_engines",
+           "quantized_engines", "truncated_draft"]
 
 
 def default_engines(k: int = 4, eagle: bool = False, block: bool = True,
                     qk: int = 6) -> list[EngineSpec]:
-    """exactspec plain / lookup / draft model (token, block, auto), transformers' three, and
-    the quantized self-draft (K = qk, auto) with its transformers counterpart."""
+    """exactspec plain / lookup / draft model (token, block, auto), transformers' three, the
+    quantized self-draft (K = qk, auto) with its transformers counterpart, suffix, and
+    llama.cpp's plain decoding of the target's weights as F32, Q8_0 and Q4_1 GGUF."""
     e = [
         EngineSpec("exactspec plain", "exactspec", "none", counterpart="transformers plain"),
         EngineSpec("transformers plain", "transformers", "none"),
@@ -140,6 +54,7 @@ def default_engines(k: int = 4, eagle: bool = False, block: bool = True,
     e += quantized_engines(qk)
     e += [EngineSpec(f"exactspec suffix K={k}", "exactspec", "suffix", k),
           EngineSpec("exactspec suffix auto", "exactspec", "suffix", "auto")]
+    e += llama_cpp.llama_cpp_engines()
     return e if block else [s for s in e if s.verify != "block"]
 
 
@@ -203,6 +118,7 @@ class Engines:
         self._pad = self._hf_eos[0] if self._hf_eos else 0
         self.device = dev
         self._assistants: dict[str, nn.Module] = {}  # transformers assistant per drafter
+        self._llama: dict[str, llama_cpp.LlamaCppPlain] = {}  # llama.cpp engine per GGUF type
         # exactspec drafter per name, built from the spec (its tree, if any)
         self._drafters: dict[str, Callable[[EngineSpec], object]] = {
             "lookup": _lookup,
@@ -218,6 +134,8 @@ class Engines:
         }
 
     def available(self, spec: EngineSpec) -> bool:
+        if spec.family == "llama.cpp":
+            return llama_cpp.supports(self.target.model)
         if spec.drafter == "draft":
             return self.draft is not None
         if spec.drafter == "eagle":
@@ -230,7 +148,25 @@ class Engines:
             seed: int) -> Run:
         if spec.family == "exactspec":
             return self._run_exactspec(spec, prompts, mode, max_new_tokens, seed)
+        if spec.family == "llama.cpp":
+            return self.llama(spec).run(prompts, mode, max_new_tokens, seed)
         return self._run_transformers(spec, prompts, mode, max_new_tokens, seed)
+
+    def llama(self, spec: EngineSpec) -> llama_cpp.LlamaCppPlain:
+        """The llama.cpp engine of a spec (its GGUF exported and loaded once)."""
+        if spec.weights not in self._llama:
+            self._llama[spec.weights] = llama_cpp.LlamaCppPlain(
+                self.target.model, spec.weights, self._hf_eos)
+        return self._llama[spec.weights]
+
+    def weight_bytes(self, spec: EngineSpec) -> int:
+        """Weight bytes one target step of the engine reads: the lean forward's matrices for
+        exactspec (when it runs the target, else transformers'), every nn.Linear weight for
+        transformers, the GGUF's matrices for llama.cpp (bench/llama_cpp.py)."""
+        if spec.family == "llama.cpp":
+            return self.llama(spec).weight_bytes
+        lean = lean_forward_for(self.target.model) if spec.family == "exactspec" else None
+        return lean.weight_bytes if lean is not None else linear_weight_bytes(self.target.model)
 
     def _drafter(self, spec: EngineSpec):
         if spec.drafter == "none":
@@ -286,6 +222,7 @@ class Engines:
         st = max((g.stats for g in gens), key=lambda s: s.seconds)
         run.prefill_seconds, run.draft_seconds = st.prefill_seconds, st.draft_seconds
         run.target_seconds, run.verify_seconds = st.target_seconds, st.verify_seconds
+        run.forwards = st.steps
         return run
 
     def _run_transformers(self, spec: EngineSpec, prompts, mode: Mode, max_new_tokens: int,
@@ -371,12 +308,6 @@ def _chain_only(build: Callable[[], object]) -> Callable[[EngineSpec], object]:
                                "qdraft int8 torch")
         return build()
     return make
-
-
-def add_counts(a: list[int], b: list[int]) -> list[int]:
-    """Element-wise sum of two count lists of different lengths."""
-    n = max(len(a), len(b))
-    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
 
 
 def _sync(device: torch.device) -> None:

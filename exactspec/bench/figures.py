@@ -85,6 +85,16 @@ def machine_info() -> dict:
     return info
 
 
+def linear_weight_bytes(model) -> int:
+    """Bytes a one-token step of a transformers model reads: every nn.Linear weight (q, k, v,
+    o, gate, up, down, the LM head, tied to the embedding or not); norms and the one embedding
+    row it looks up are left out."""
+    from torch import nn
+
+    return sum(m.weight.numel() * m.weight.element_size()
+               for m in model.modules() if isinstance(m, nn.Linear))
+
+
 def bandwidth_summary(model, runs: dict) -> dict:
     """One-token steps as a share of the memory-bandwidth limit: weight bytes a target step
     reads / its time, against the read bandwidth measured here (`read_bandwidth_gbs`).

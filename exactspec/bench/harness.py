@@ -124,6 +124,7 @@ class Bench:
         if bad:
             raise InvalidValue(f"unknown modes {bad}; have {list(MODES)}")
         self._ids: dict[str, list[int]] = {}
+        self._read_gbs: float | None = None  # measured once the runs are done
 
     def _encode(self, prompt: str) -> list[int]:
         if prompt not in self._ids:
@@ -189,12 +190,14 @@ class Bench:
             interrupted = True
         finally:
             bar.close()
+        bandwidth = bandwidth_summary(self.target.model, runs)
+        self._read_gbs = bandwidth["read_gbs"]
         summary = self._summarise(runs)
         result = {
             "schema": SCHEMA_VERSION,
             "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": machine_info(),
-            "bandwidth": bandwidth_summary(self.target.model, runs),
+            "bandwidth": bandwidth,
             "model": self.target.name,
             "config": asdict(cfg),
             "draft_note": self.draft_note,
@@ -291,10 +294,15 @@ class Bench:
             if not rs:
                 continue
             rows.append(engine_row(s, "greedy", self.cfg.sweep_workload if label == "sweep" else
-                                  "batch", [[r] for r in rs], [[r] for r in plain or []]))
+                                  "batch", [[r] for r in rs], [[r] for r in plain or []],
+                                  **self._bandwidth_args(s)))
         return rows
 
     # --- figures -----------------------------------------------------------------------------
+
+    def _bandwidth_args(self, spec: EngineSpec) -> dict:
+        """engine_row's weight_bytes and read_gbs for `spec` (the bandwidth column)."""
+        return {"weight_bytes": self.runner.weight_bytes(spec), "read_gbs": self._read_gbs}
 
     def _summarise(self, runs: dict[tuple[str, str, str], list[list[Run]]]) -> list[dict]:
         rows = []
@@ -304,7 +312,8 @@ class Bench:
                 for s in self.specs:
                     rounds = runs.get((s.name, mode, w.name))
                     if rounds:
-                        rows.append(engine_row(s, mode, w.name, rounds, plain))
+                        rows.append(engine_row(s, mode, w.name, rounds, plain,
+                                               **self._bandwidth_args(s)))
         by_key = {(r["engine"], r["mode"], r["workload"]): r for r in rows}
         for r in rows:
             spec = next(s for s in self.specs if s.name == r["engine"])

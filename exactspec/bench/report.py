@@ -18,7 +18,7 @@ def _split(row: dict) -> str:
                     ("prefill", "draft", "target_forward", "standardize_verify", "bookkeeping"))
 
 
-COLUMNS = ["engine", "mode", "workload", "tok/s", "min-max", "x plain", "x hf", "acc len",
+COLUMNS = ["engine", "mode", "workload", "tok/s", "min-max", "bw", "x plain", "x hf", "acc len",
            "alpha", "c", "bound", "share", "w", "bound w", "split % p/d/t/v/o"]
 
 
@@ -29,6 +29,7 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
             r["engine"], r["mode"], r["workload"],
             f"{r['tokens_per_second']:.1f}",
             f"{r['tokens_per_second_min']:.1f}-{r['tokens_per_second_max']:.1f}",
+            _f(r.get("bandwidth"), "{:.0%}"),
             _f(r.get("ratio_to_plain")), _f(r.get("ratio_to_counterpart")),
             _f(r.get("mean_acceptance_length")), _f(r.get("alpha")), _f(r.get("c")),
             _f(r.get("bound")), _f(r.get("share_of_bound"), "{:.0%}"),
@@ -52,17 +53,19 @@ def format_summary(result: dict, mode: str, *, markdown: bool = False) -> str:
     """One line per engine: tok/s per workload, geometric-mean ratios to plain and to hf."""
     rows = [r for r in result["results"] if r["mode"] == mode]
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
-    cols = ["engine", *workloads, "x plain (geo)", "x hf (geo)", "acc len (mean)"]
+    cols = ["engine", *workloads, "x plain (geo)", "x hf (geo)", "acc len (mean)", "bw (mean)"]
     body = []
     for e in dict.fromkeys(r["engine"] for r in rows):
         mine = {r["workload"]: r for r in rows if r["engine"] == e}
         lens = [r["mean_acceptance_length"] for r in mine.values()
                 if r.get("mean_acceptance_length")]
+        bws = [r["bandwidth"] for r in mine.values() if r.get("bandwidth")]
         body.append([e, *(f"{mine[w]['tokens_per_second']:.1f}" if w in mine else "-"
                           for w in workloads),
                      _f(_geomean([r["ratio_to_plain"] for r in mine.values()])),
                      _f(_geomean([r.get("ratio_to_counterpart") for r in mine.values()])),
-                     _f(sum(lens) / len(lens) if lens else None)])
+                     _f(sum(lens) / len(lens) if lens else None),
+                     _f(sum(bws) / len(bws) if bws else None, "{:.0%}")])
     return _render(cols, body, markdown)
 
 
@@ -118,6 +121,16 @@ def format_report(result: dict, *, markdown: bool = False) -> str:
         from exactspec.bench.tree_report import format_trees
 
         parts.append(format_trees(result["trees"], markdown=markdown))
+    parts.append("bw: weight bytes one target step reads / its time, over the read bandwidth "
+                 "measured above (exactspec and llama.cpp: target forward time per forward, a "
+                 "speculative engine's being the verify forward; transformers plain: wall time "
+                 "per token, prefill included; '-' where unknown). Weight bytes: every matrix a "
+                 "step multiplies by (projections and the LM head; the one embedding row looked "
+                 "up and the norms left out), in the engine's own format (exactspec's lean "
+                 "forward, transformers' nn.Linear weights, the GGUF's tensors). llama.cpp rows: "
+                 "plain decoding of the same weights written as GGUF; f32 samples exactspec's "
+                 "law up to float32 rounding of the logits (llama.cpp's own sampler and random "
+                 "numbers); q8_0 / q4_1 are quantized models: speed rows only.")
     parts.append("split % p/d/t/v/o: prefill / draft / target forward / standardize + verify / "
                  "bookkeeping, shares of wall time. x plain: tok/s over exactspec plain; x hf: "
                  "over the transformers counterpart; acc len: tokens per target forward; alpha: "

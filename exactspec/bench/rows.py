@@ -4,18 +4,45 @@ from __future__ import annotations
 
 import statistics
 
-from exactspec.bench.engines import EngineSpec, Run, add_counts
 from exactspec.bench.figures import analytic_bound, fit_alpha
+from exactspec.bench.specs import EngineSpec, Run, add_counts
 
 
 def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
+def step_seconds(spec: EngineSpec, runs: list[Run]) -> float | None:
+    """Seconds of one target step of the engine, pooled over `runs`: exactspec and llama.cpp,
+    the target forward per forward of the batch (a speculative engine's is the verify
+    forward over K+1 tokens); transformers plain, its wall time per token of the longest row
+    (prefill and sampling included: it reports no split); None for transformers' speculative
+    engines (their target forwards are not counted)."""
+    if spec.family in ("exactspec", "llama.cpp"):
+        forwards = sum(r.forwards for r in runs)
+        return sum(r.target_seconds for r in runs) / forwards if forwards else None
+    if spec.drafter == "none":
+        tokens = sum(max(map(len, r.texts), default=0) for r in runs)
+        return sum(r.seconds for r in runs) / tokens if tokens else None
+    return None
+
+
+def bandwidth_figures(spec: EngineSpec, runs: list[Run], weight_bytes: int | None,
+                      read_gbs: float | None) -> dict:
+    """weight_bytes (read per target step), step_ms, bandwidth_gbs (weight bytes / step time)
+    and bandwidth (that over the read bandwidth measured on this machine); None when unknown."""
+    step = step_seconds(spec, runs)
+    gbs = weight_bytes / step / 1e9 if step and weight_bytes else None
+    return {"weight_bytes": weight_bytes, "step_ms": 1e3 * step if step else None,
+            "bandwidth_gbs": gbs, "bandwidth": gbs / read_gbs if gbs and read_gbs else None}
+
+
 def engine_row(spec: EngineSpec, mode: str, workload: str, rounds: list[list[Run]],
-               plain: list[list[Run]] | None) -> dict:
+               plain: list[list[Run]] | None, *, weight_bytes: int | None = None,
+               read_gbs: float | None = None) -> dict:
     """One engine's figures in one mode and workload from its runs (rounds of Runs) and
-    plain decoding's: medians over rounds, acceptance, alpha, c, the bound, w, the split."""
+    plain decoding's: medians over rounds, acceptance, alpha, c, the bound, w, the split, and
+    the target step against the memory bandwidth (`bandwidth_figures`)."""
     tps = [sum(r.tokens for r in rr) / sum(r.seconds for r in rr) for rr in rounds if rr]
     flat = [r for rr in rounds for r in rr]
     tokens = sum(r.tokens for r in flat)
@@ -37,6 +64,7 @@ def engine_row(spec: EngineSpec, mode: str, workload: str, rounds: list[list[Run
         "tokens_per_second_rounds": tps,
         "tokens_per_second_min": min(tps) if tps else 0.0,
         "tokens_per_second_max": max(tps) if tps else 0.0,
+        **bandwidth_figures(spec, flat, weight_bytes, read_gbs),
     }
     plain_tps = None
     if plain:
@@ -99,6 +127,7 @@ def engine_row(spec: EngineSpec, mode: str, workload: str, rounds: list[list[Run
 
 def merge_runs(a: Run, b: Run) -> Run:
     return Run(tokens=a.tokens + b.tokens, seconds=a.seconds + b.seconds, steps=a.steps + b.steps,
+               forwards=a.forwards + b.forwards, texts=a.texts + b.texts,
                drafted=a.drafted + b.drafted, accepted=a.accepted + b.accepted,
                accepted_per_position=add_counts(a.accepted_per_position, b.accepted_per_position),
                drafted_per_position=add_counts(a.drafted_per_position, b.drafted_per_position),

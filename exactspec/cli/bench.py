@@ -14,9 +14,12 @@ def add(sub) -> None:
     p = sub.add_parser(
         "bench", help="measure every engine side by side: tokens/s, acceptance, bounds, plots",
         description="Runs exactspec (plain, prompt lookup, a draft model, the EAGLE head when "
-        "installed; token / block verification, fixed K and auto) and transformers generate "
-        "(plain, assisted generation with the same draft model, prompt lookup) on the shipped "
-        "workloads, greedy and sampling, interleaved round by round. Prints a table, writes "
+        "installed; token / block verification, fixed K and auto), transformers generate "
+        "(plain, assisted generation with the same draft model, prompt lookup) and, when "
+        "llama-cpp-python is installed, llama.cpp's plain decoding of the same weights as "
+        "F32 / Q8_0 / Q4_1 GGUF, on the shipped workloads, greedy and sampling, interleaved "
+        "round by round; the bw column is each engine's target step against the measured "
+        "memory bandwidth. Prints a table, writes "
         "OUT/bench.json and PNG plots. Ctrl-C stops it and writes what was measured so far "
         "(exit code 130). Examples: exactspec bench --quick --threads 1; exactspec bench --trees "
         "--threads 2 --workloads chat,long,code_edit --modes greedy,t1")
@@ -33,7 +36,7 @@ def add(sub) -> None:
     p.add_argument("--no-eagle", action="store_true", help="skip the EAGLE head engine")
     p.add_argument("--engines", default=None, metavar="A,B",
                    help="only engines whose name contains one of these (e.g. "
-                   "'plain,qdraft,assisted int8'; default: all); a tree or chain not in the "
+                   "'plain,qdraft,assisted int8,llama.cpp'; default: all); a tree or chain not in the "
                    "list is added by its name: 'eagle tree 4,1,1,1' (branching per depth, as "
                    "generate --tree; a comma before a digit stays in the name), 'lookup tree "
                    "3x4' (3 matches, depth 4), 'suffix tree 2x4' (<= 2 children per node, depth 4, 8 "

@@ -1,6 +1,7 @@
 """Write a Llama-architecture transformers model as a GGUF file, for llama.cpp to draft with.
 
-Weights are stored as F32, Q8_0 (8-bit blocks of 32) or Q4_0 (4-bit blocks of 32), quantized by
+Weights are stored as F32, Q8_0 (8-bit blocks of 32), Q4_0 (4-bit blocks of 32, a scale) or Q4_1
+(4-bit blocks of 32, a scale and a minimum), quantized by
 the `gguf` package's own reference quantizers from the model's current float32 weights; the
 norms stay F32. q / k projections are permuted from transformers' rotate-half RoPE layout into
 llama.cpp's, as llama.cpp's own converter does. The vocabulary is written as placeholder
@@ -17,7 +18,7 @@ import torch
 
 from exactspec.errors import InvalidValue
 
-QUANT_TYPES = ("f32", "q8_0", "q4_0")  # what `export_gguf` writes
+QUANT_TYPES = ("f32", "q8_0", "q4_0", "q4_1")  # what `export_gguf` writes
 
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -40,7 +41,8 @@ def export_gguf(model, path: str | os.PathLike[str], qtype: str = "q8_0") -> Pat
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     vocab = int(model.get_output_embeddings().weight.shape[0])
     quant = {"f32": gguf.GGMLQuantizationType.F32, "q8_0": gguf.GGMLQuantizationType.Q8_0,
-             "q4_0": gguf.GGMLQuantizationType.Q4_0}[qtype]
+             "q4_0": gguf.GGMLQuantizationType.Q4_0,
+             "q4_1": gguf.GGMLQuantizationType.Q4_1}[qtype]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
@@ -58,7 +60,7 @@ def export_gguf(model, path: str | os.PathLike[str], qtype: str = "q8_0") -> Pat
     rope = getattr(cfg, "rope_parameters", None) or {}
     theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
     w.add_rope_freq_base(float(theta))
-    w.add_file_type(int({"f32": 0, "q8_0": 7, "q4_0": 2}[qtype]))
+    w.add_file_type(int({"f32": 0, "q8_0": 7, "q4_0": 2, "q4_1": 3}[qtype]))  # llama_ftype
     w.add_tokenizer_model("llama")
     w.add_token_list([f"<t{i}>".encode() for i in range(vocab)])
     w.add_token_scores([0.0] * vocab)

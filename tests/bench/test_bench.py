@@ -21,6 +21,7 @@ from exactspec.bench import (
     write_plots,
 )
 from exactspec.cli import build_parser
+from exactspec.drafters.gguf_draft import llama_cpp_available
 from tests.engine.tiny import tiny_model
 
 ROW_KEYS = {
@@ -29,7 +30,7 @@ ROW_KEYS = {
     "tokens_per_second_max", "ratio_to_plain", "mean_acceptance_length", "acceptance_rate",
     "alpha", "mean_k", "c", "bound", "share_of_bound", "time_split", "verify_share_of_step",
     "target_width_cost", "bound_with_width_cost",
-    "acceptance_by_position",
+    "acceptance_by_position", "weight_bytes", "step_ms", "bandwidth_gbs", "bandwidth",
 }
 
 WORKLOADS = [
@@ -59,14 +60,23 @@ def test_schema(result):
     assert result["machine"]["cpu_capability"] in {"DEFAULT", "AVX2", "AVX512", "ZVECTOR",
                                                    "VSX"}
     bw = result["bandwidth"]
-    assert bw["read_gbs"] > 0 and bw["target_weight_bytes"] > 0
-    assert bw["exactspec plain"]["share_of_limit"] > 0
+    linear = sum(m.weight.numel() * 4 for m in tiny_model(0, layers=3).model.modules()
+                 if isinstance(m, torch.nn.Linear))  # float32 projections + the head
+    assert bw["target_weight_bytes"] == linear
+    plain = bw["exactspec plain"]
+    assert plain["share_of_limit"] == pytest.approx(
+        linear / 1e9 / (plain["step_ms"] / 1e3) / bw["read_gbs"], rel=1e-12)
     engines = {r["engine"] for r in result["results"]}
     assert {"exactspec plain", "transformers plain", "exactspec lookup K=4",
             "transformers lookup K=4", "exactspec draft K=4", "transformers assisted K=4",
             "exactspec lookup auto", "exactspec draft auto", "exactspec qdraft int8 K=6",
             "exactspec qdraft int8 auto", "transformers assisted int8 K=6",
             "exactspec qdraft int4 K=6"} <= engines
+    if llama_cpp_available():
+        assert {"llama.cpp f32", "llama.cpp q8_0", "llama.cpp q4_1"} <= engines
+    for r in result["results"]:  # every engine with a known target step has a bandwidth
+        known = r["family"] != "transformers" or r["drafter"] == "none"
+        assert (r["bandwidth"] is not None) == known, r["engine"]
     for r in result["results"] + result["sweep"] + result["batch"]:
         assert set(r) >= ROW_KEYS, ROW_KEYS - set(r)
     # block verification runs in sampling modes only (equal to token when p is one-hot)
@@ -121,7 +131,8 @@ def test_speculative_figures_are_consistent(result):
 
 
 def test_greedy_engines_agree_on_text():
-    """Greedy: every exactspec engine and transformers emit the same tokens (same weights)."""
+    """Greedy: every exactspec engine, transformers and llama.cpp f32 emit the same tokens
+    (same weights; llama.cpp's q8_0 / q4_1 rows run quantized weights, other models)."""
     model = tiny_model(0, layers=3, eos=0)
     bench = Bench(model, BenchConfig(rounds=1), draft=truncated_draft(model.model, 1),
                   workloads=WORKLOADS, progress=False)
@@ -129,8 +140,9 @@ def test_greedy_engines_agree_on_text():
     from exactspec.bench import MODES
 
     texts = {s.name: bench.runner.run(s, prompt, MODES["greedy"], 16, seed=0).texts
-             for s in bench.specs if not s.sampling_only}
+             for s in bench.specs if not s.sampling_only and s.weights in (None, "f32")}
     assert len({json.dumps(t) for t in texts.values()}) == 1, texts
+    assert ("llama.cpp f32" in texts) == llama_cpp_available()
 
 
 def test_report_and_plots(result, tmp_path):
@@ -176,7 +188,7 @@ def test_shipped_workloads():
     names = {w.name for w in wl}
     assert {"chat", "code_edit", "list_transform", "summarise", "long"} <= names
     assert any(w.input_grounded for w in wl) and all(w.prompts for w in wl)
-    assert BenchConfig.quick_config().workloads is not None
+    assert BenchConfig.quick_config().workloads == ["chat", "code_edit", "summarise"]
     assert set(BenchConfig.quick_config().workloads) <= names
 
 
