@@ -34,7 +34,7 @@ from exactspec.integrations.trl import COLLAPSE, make_rollout_func
 from exactspec.sampling import SamplingParams
 from tests.batch.helpers import PARAMS, PROMPT, V, policy
 from tests.batch.tiny_dir import CHAT_TEMPLATE
-from tests.engine.tiny import char_tokenizer, contrarian, tiny_llama
+from tests.engine.tiny import char_tokenizer, contrarian, perturbed, tiny_llama
 
 # Two float32 forwards of the same weights (the engine's lean forward, transformers' or TRL's
 # fused head) differ by rounding: ~1e-6 on these logits (|logit| < ~30), measured 1e-6 .. 4e-6.
@@ -335,3 +335,53 @@ def test_the_engine_copy_does_not_call_the_trainers_model(tmp_path):
         assert torch.equal(mine(ids).logits, before)
     assert not any(p.requires_grad for p in mine.parameters()) and not mine.training
     copy.deepcopy(rollout.last)  # the stats are plain data
+
+
+def test_weights_written_in_place_are_synced_without_a_step(tmp_path):
+    """The copy follows the policy when a parameter's version counter moved, even if
+    global_step did not; an unchanged policy is not copied again."""
+    args = config(tmp_path, max_completion_length=2)
+    trainer = GRPOTrainer(model=tiny_llama(0, eos=0), reward_funcs=share_of_a, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+                          processing_class=char_tokenizer())
+    rollout = make_rollout_func()
+    rollout(["hello"], trainer)
+    rollout(["hello"], trainer)
+    assert [s.synced for s in rollout.history] == [True, False]
+    with torch.no_grad():
+        trainer.model.model.layers[0].mlp.up_proj.weight.mul_(2.0)
+    rollout(["hello"], trainer)
+    assert rollout.last.synced and rollout.last.policy_version == 0
+    mine = rollout.engine.model.model.state_dict()
+    assert all(torch.equal(mine[k], v) for k, v in trainer.model.state_dict().items())
+
+
+def test_rollouts_are_reproducible_per_step_and_fresh_per_call(tmp_path):
+    args = config(tmp_path, max_completion_length=8)
+    trainer = GRPOTrainer(model=tiny_llama(0, eos=0), reward_funcs=share_of_a, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+                          processing_class=char_tokenizer())
+    a, b = make_rollout_func(), make_rollout_func()
+    first = a(PROMPTS, trainer)["completion_ids"]
+    assert b(PROMPTS, trainer)["completion_ids"] == first  # seed from (args.seed, step, call)
+    assert a(PROMPTS, trainer)["completion_ids"] != first  # the next call at the step: new draws
+    other = make_rollout_func(seed=123)(PROMPTS, trainer)["completion_ids"]
+    assert other != first
+
+
+def test_greedy_rollouts_equal_plain_greedy_decoding_bit_for_bit(tmp_path):
+    """top_k=1 makes the law a point mass at the argmax: the speculative rollouts (int8
+    self-draft, a perturbed draft model) must equal plain greedy decoding token for token."""
+    args = config(tmp_path, max_completion_length=16, top_k=1)
+    trainer = GRPOTrainer(model=tiny_llama(0, eos=0), reward_funcs=share_of_a, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+                          processing_class=char_tokenizer())
+    ids = [char_tokenizer()(p)["input_ids"] for p in PROMPTS]
+    plain = [g.token_ids for g in generate(tiny_llama(0, eos=0), ids,
+                                           params=SamplingParams(temperature=0),
+                                           max_new_tokens=16)]
+    for drafter in (QuantizedDraft(8, backend="torch"), DraftModel(perturbed(tiny_llama(0), 0.3))):
+        rollout = make_rollout_func(drafter, num_draft_tokens=3)
+        out = rollout(PROMPTS, trainer)
+        assert out["completion_ids"] == plain
+        assert rollout.last.drafted > 0 and rollout.last.accepted > 0
