@@ -2,7 +2,7 @@
 
 End to end: a two-step `trl.GRPOTrainer` run on CPU whose rollouts come from the function. At
 every rollout the returned log p equal a teacher-forced forward of the trainer's *current* model
-(and the trainer's own fused-head scoring) within LOGP_BOUND, while a copy of the model taken
+(row by row, and as the trainer scores a padded batch) within LOGP_BOUND, while a copy taken
 before the optimiser step misses by far more; one completion per prompt entry, tagged with the
 step of its weights; the int8 self-draft's acceptance after the step stays within ACCEPT_DRIFT of
 its value before, while a draft left on the old weights loses more than that.
@@ -22,6 +22,7 @@ from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import pad
 
 from exactspec.audit import power, target_law
 from exactspec.audit.samplers import sequence_ids
@@ -36,13 +37,15 @@ from tests.batch.helpers import PARAMS, PROMPT, V, policy
 from tests.batch.tiny_dir import CHAT_TEMPLATE
 from tests.engine.tiny import char_tokenizer, contrarian, perturbed, tiny_llama
 
+pytestmark = pytest.mark.filterwarnings("ignore:You are using 'rollout_func':UserWarning")
+
 # Two float32 forwards of the same weights (the engine's lean forward, transformers' or TRL's
 # fused head) differ by rounding: ~1e-6 on these logits (|logit| < ~30), measured 1e-6 .. 4e-6.
 # 1e-4 leaves a wide margin; one Adam step at LR moves log p by > 1e-2 (asserted below).
 LOGP_BOUND = 1e-4
 LR = 0.02  # Adam's first step moves every weight by ~LR: the policy visibly changes
 ACCEPT_DRIFT = 0.05  # |acceptance after - before| allowed for a draft that follows the weights
-PROMPTS = ["say a", "hello", "tell ", "abc d", "go on", "x y z"]  # one length: no padding
+PROMPTS = ["say a", "hi", "tell me", "abc", "go on now", "x"]  # lengths differ: padded batches
 GROUP = 4  # num_generations
 STEPS = 2
 
@@ -94,6 +97,24 @@ def trainer_scored(trainer, out) -> list[torch.Tensor]:
     return got
 
 
+def trainer_batch(trainer, out) -> list[torch.Tensor]:
+    """log p as GRPOTrainer scores a whole batch: prompts left-padded, completions right-padded,
+    its own (private, trl 1.16) `_get_per_token_logps_and_entropies`."""
+    pad_id = trainer.processing_class.pad_token_id
+    prompts = [torch.tensor(p) for p in out["prompt_ids"]]
+    comps = [torch.tensor(c) for c in out["completion_ids"]]
+    ids = torch.cat([pad(prompts, padding_value=pad_id, padding_side="left"),
+                     pad(comps, padding_value=pad_id, padding_side="right")], 1)  # [B, T]
+    mask = torch.cat([pad([torch.ones_like(p) for p in prompts], padding_value=0,
+                          padding_side="left"),
+                      pad([torch.ones_like(c) for c in comps], padding_value=0,
+                          padding_side="right")], 1)  # [B, T]
+    width = max(len(c) for c in comps)
+    with torch.no_grad():
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, width)
+    return [logps[i, :len(c)] for i, c in enumerate(comps)]
+
+
 def gap(a: list[torch.Tensor], out) -> float:
     return max(float((x - torch.tensor(lp)).abs().max())
                for x, lp in zip(a, out["logprobs"], strict=True))
@@ -116,6 +137,7 @@ class Recorder:
             prompts=list(prompts), out=out, step=trainer.state.global_step,
             current=gap(teacher_forced(model, out, temperature), out),
             trainer=gap(trainer_scored(trainer, out), out),
+            batch=gap(trainer_batch(trainer, out), out),
             stale=None if self.previous is None
             else gap(teacher_forced(self.previous, out, temperature), out),
             stale_acceptance=None if self.previous is None else _acceptance(
@@ -149,6 +171,7 @@ def test_rollout_logprobs_are_the_current_policys(run):
     for call in recorder.calls:
         assert call["current"] < LOGP_BOUND, call
         assert call["trainer"] < LOGP_BOUND, call
+        assert call["batch"] < LOGP_BOUND, call
     stale = recorder.calls[1]["stale"]  # the weights before the optimiser step
     assert stale > 100 * LOGP_BOUND, recorder.calls[1]
 
