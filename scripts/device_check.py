@@ -12,6 +12,8 @@ What it measures, on random-init Llama models (no downloads) in bfloat16:
   cached tokens; its bandwidth share = weight bytes / step time / peak bandwidth, where weight
   bytes = every nn.Linear weight (q, k, v, o, gate, up, down, the LM head, which is the tied
   embedding) in bytes: what one step must read; norms and the one embedding row are left out;
+- the step's matrix products alone (every nn.Linear on one token, one CUDA graph on cuda):
+  what the weight reads can reach without Python and launch gaps;
 - w(N) for N = 1..17: a forward over N new tokens / a forward over 1, both after `context`
   cached tokens (each on a fresh prefill, which is not timed);
 - p at a position scored alone vs inside a width-5 forward: how many logits are bit-equal;
@@ -162,6 +164,33 @@ def step_times(model: nn.Module, device: torch.device, context: int, widths: lis
         out["width_s"][n] = statistics.median(ts)
     out["w"] = {n: s / out["width_s"][1] for n, s in out["width_s"].items()}
     return out
+
+
+@torch.inference_mode()
+def matmul_floor(model: nn.Module, device: torch.device, repeats: int) -> float:
+    """Median seconds of a step's matrix products alone: every nn.Linear applied to one
+    token's activation, in order; on cuda captured in one CUDA graph (no Python, no launch
+    gaps), so weight bytes / this time is what the step's weight reads can reach here."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    xs = [torch.randn(1, m.in_features, dtype=m.weight.dtype, device=device) for m in linears]
+
+    def body() -> None:
+        for m, x in zip(linears, xs, strict=True):
+            torch.nn.functional.linear(x, m.weight)
+
+    fn = body
+    if device.type == "cuda":
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up off the capture stream, as torch asks
+            body()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            body()
+        fn = graph.replay
+    fn()
+    return statistics.median(timed(fn, device) for _ in range(repeats))
 
 
 @torch.inference_mode()
@@ -345,6 +374,7 @@ def run(args: argparse.Namespace) -> dict:
         model = build(name, dtype, device, seed=0)
         wb = weight_bytes(model)
         st = step_times(model, device, context, widths, repeats, steps)
+        floor = matmul_floor(model, device, steps)
         row = {
             "params": sum(p.numel() for p in model.parameters()),
             "weight_bytes": wb,
@@ -352,6 +382,8 @@ def run(args: argparse.Namespace) -> dict:
             "tokens_per_second": 1.0 / st["step_s"],
             "achieved_gbs": wb / st["step_s"] / 1e9,
             "share_of_copy_bandwidth": wb / st["step_s"] / 1e9 / result["copy_bandwidth_gbs"],
+            "matmul_floor_ms": 1e3 * floor,
+            "matmul_floor_share": wb / floor / 1e9 / result["copy_bandwidth_gbs"],
             "width_ms": {n: 1e3 * s for n, s in st["width_s"].items()},
             "w": st["w"],
             "invariance": position_invariance(model, device, context, 5),
@@ -382,15 +414,16 @@ def markdown(r: dict) -> str:
              f"{r['copy_bandwidth_gbs']:.0f} GB/s (read + write bytes of the fastest copy); "
              f"weight bytes: {r['weight_bytes_counted']}; took {r['seconds']:.0f} s",
              "", "| model | params | weight MB | step ms | tok/s | GB/s | share of copy bw | "
-             "w(2) | w(5) | w(9) | w(17) | bit-equal width 1 vs 5 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "matmuls only: ms, share | w(2) | w(5) | w(9) | w(17) | bit-equal width 1 vs 5 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in r["models"].items():
         w = m["w"]
         inv = m["invariance"]
         lines.append(
             f"| {name} | {m['params'] / 1e6:.0f}M | {m['weight_bytes'] / 1e6:.0f} | "
             f"{m['step_ms']:.2f} | {m['tokens_per_second']:.0f} | {m['achieved_gbs']:.0f} | "
-            f"{100 * m['share_of_copy_bandwidth']:.1f}% | {w[2]:.2f} | {w[5]:.2f} | "
+            f"{100 * m['share_of_copy_bandwidth']:.1f}% | {m['matmul_floor_ms']:.3f}, "
+            f"{100 * m['matmul_floor_share']:.0f}% | {w[2]:.2f} | {w[5]:.2f} | "
             f"{w[9]:.2f} | {w[17]:.2f} | {inv['bit_equal']}/{inv['values']} "
             f"(max diff {inv['max_abs_diff']:.2g}) |")
     e = r["exactness"]

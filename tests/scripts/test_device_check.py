@@ -58,6 +58,9 @@ def test_figures_are_bytes_over_time(run):
         assert m["achieved_gbs"] == pytest.approx(m["weight_bytes"] / step / 1e9, rel=1e-12)
         assert m["share_of_copy_bandwidth"] == pytest.approx(
             m["achieved_gbs"] / result["copy_bandwidth_gbs"], rel=1e-12)
+        assert m["matmul_floor_share"] == pytest.approx(
+            m["weight_bytes"] / (m["matmul_floor_ms"] / 1e3) / 1e9 / result["copy_bandwidth_gbs"],
+            rel=1e-12)
         assert sorted(map(int, m["w"])) == list(range(1, 18)) and m["w"]["1"] == 1.0
         for n, w in m["w"].items():
             assert w == pytest.approx(m["width_ms"][n] / m["width_ms"]["1"], rel=1e-12)
