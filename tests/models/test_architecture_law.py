@@ -6,7 +6,7 @@ architecture has them) and a 10-token prompt, so every generated token is past t
 exact law of the first N generated tokens comes from transformers' own full forward (no cache,
 its own masks) over every continuation, standardized by probs_from_logits; one batched
 `es.generate` call over ROWS copies of the prompt is tested against it, plainly and with prompt
-lookup, a draft model and a token tree. The wrong variant is the engine's old mask (a
+lookup, a draft model, a token tree and the int8 self-draft. The wrong variant is the engine's old mask (a
 windowed model decoded as if it had no window): its exact law is that of transformers' forward
 given a plain causal mask, and the same test rejects it (with the rows its power needs).
 Greedy decoding equals transformers' greedy `generate` token for token, ragged batches included.
@@ -24,7 +24,7 @@ from exactspec.audit import target_law
 from exactspec.audit.samplers import sequence_ids
 from exactspec.audit.stats import bincount, chi_square, power
 from exactspec.audit.world import logits_table, model_world
-from exactspec.drafters import DraftModel, PromptLookup
+from exactspec.drafters import DraftModel, PromptLookup, QuantizedDraft
 from exactspec.engine import generate
 from exactspec.models import architectures
 from exactspec.sampling import SamplingParams
@@ -34,7 +34,7 @@ V, N, K = 8, 3, 2  # vocabulary, generated tokens compared (512 outcomes), draft
 ROWS = 4000  # copies of the prompt in one generate call
 PROMPT = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4]  # 10 tokens (past windows of 4), repeats for lookup
 PARAMS = SamplingParams(temperature=1.0)
-PATHS = ("plain", "prompt lookup", "draft model", "token tree")
+PATHS = ("plain", "prompt lookup", "draft model", "token tree", "int8 self-draft")
 
 
 def _law(model) -> torch.Tensor:
@@ -55,6 +55,8 @@ def _drafter(path: str, model_type: str):
         return None
     if path == "prompt lookup":
         return PromptLookup()
+    if path == "int8 self-draft":  # a quantized copy of the target: its masks are the target's
+        return QuantizedDraft(8, backend="torch")
     draft = tiny(model_type, seed=1)  # the same architecture, other weights
     return DraftModel(draft, tree=(2, 1) if path == "token tree" else None)
 
@@ -79,7 +81,7 @@ def test_every_declared_architecture_is_tested():
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("model_type", sorted(CONFIGS))
 def test_generate_samples_from_the_models_own_law(laws, model_type, path):
-    if path in ("draft model", "token tree") and model_type not in REQUIRED:
+    if path not in ("plain", "prompt lookup") and model_type not in REQUIRED:
         pytest.skip("drafters are checked on the required families; plain + lookup on the rest")
     torch.set_num_threads(1)
     model, law = _model_and_law(laws, model_type)
