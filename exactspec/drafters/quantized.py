@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Sequence
 
@@ -111,6 +112,7 @@ class QuantizedDraft(DraftModel):
         self._fed: torch.Tensor | None = None  # [B, S] long: tokens in the draft cache slots
         self._gguf: GgufDraft | None = None  # the llama.cpp draft in use
         self._gguf_key: tuple | None = None  # (target id, weight versions) it was built from
+        self._written: set[str] = set()  # GGUF files this drafter exported; deleted once superseded
 
     @staticmethod
     def supports(model) -> bool:
@@ -200,11 +202,15 @@ class QuantizedDraft(DraftModel):
             export_gguf(model, path, GGUF_TYPES[self.bits])
             log.info("wrote the %s llama.cpp draft of the target to %s in %.1f s",
                      GGUF_TYPES[self.bits], path, time.perf_counter() - t0)
+            self._written.add(str(path))
         if self._gguf is not None:
             old = self._gguf.path
             self._gguf._free()
             if old != str(path):
                 unload(old)
+                if old in self._written:  # superseded weights (an RL step): a file kept per
+                    self._written.discard(old)  # step would fill the disk
+                    os.remove(old)
         self._gguf, self._gguf_key = GgufDraft(path), key
         return self._gguf
 

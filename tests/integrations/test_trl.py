@@ -29,6 +29,7 @@ from exactspec.audit.samplers import sequence_ids
 from exactspec.audit.stats import bincount, chi_square
 from exactspec.audit.world import logits_table, model_world
 from exactspec.drafters import DraftModel, QuantizedDraft
+from exactspec.drafters.gguf_draft import llama_cpp_available
 from exactspec.engine import generate
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.integrations.trl import COLLAPSE, make_rollout_func
@@ -408,3 +409,24 @@ def test_greedy_rollouts_equal_plain_greedy_decoding_bit_for_bit(tmp_path):
         out = rollout(PROMPTS, trainer)
         assert out["completion_ids"] == plain
         assert rollout.last.drafted > 0 and rollout.last.accepted > 0
+
+
+@pytest.mark.skipif(not llama_cpp_available(), reason="llama-cpp-python not installed")
+def test_the_llama_cpp_draft_does_not_leave_a_file_per_weight_version(tmp_path, monkeypatch):
+    """An RL run exports one GGUF draft per weight version; the superseded ones it wrote are
+    deleted, so the cache holds the current version's file, not one per step."""
+    monkeypatch.setenv("EXACTSPEC_CACHE", str(tmp_path / "cache"))
+    args = config(tmp_path, max_completion_length=4)
+    trainer = GRPOTrainer(model=tiny_llama(0, eos=0), reward_funcs=share_of_a, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+                          processing_class=char_tokenizer())
+    rollout = make_rollout_func(QuantizedDraft(8, backend="llama.cpp"), num_draft_tokens=3)
+    drafts = tmp_path / "cache" / "gguf-drafts"
+    for step in range(3):
+        rollout(PROMPTS, trainer)
+        assert rollout.last.drafted > 0
+        assert len(list(drafts.glob("*.gguf"))) == 1, sorted(drafts.iterdir())
+        with torch.no_grad():  # an optimiser step
+            for p in trainer.model.parameters():
+                p.mul_(0.99)
+        trainer.state.global_step = step + 1
