@@ -4,7 +4,8 @@ Self-speculation needs no training and no second model: at `begin` the drafter b
 target and weight version, then cached) a copy of the target's weights in 8 or 4 bits and runs
 it with its own KV cache, on one of two backends:
 - "torch": int8 per output channel or int4 groups (`exactspec/models/formats.py`), optionally
-  over a subset of the target's layers, through the same lean forward as the target;
+  over a subset of the target's layers, through the same lean forward as the target (on the
+  CPU, int8 on our own kernel, `exactspec/kernels`, with float32 activations; int4 on torch's);
 - "llama.cpp": the target's weights written as a Q8_0 / Q4_0 GGUF (`models/gguf_export.py`,
   in the cache directory) and run by llama.cpp (`drafters/gguf_draft.py`), whose fused CPU
   kernels make a draft token 3-4x cheaper than torch's here (optional package).

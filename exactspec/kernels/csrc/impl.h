@@ -76,8 +76,9 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
                      float* y, int64_t ldy, int64_t n0, int64_t n1) {
   static const TileFn table[4][4] = {ES_ROW(WT, 1), ES_ROW(WT, 2), ES_ROW(WT, 3), ES_ROW(WT, 4)};
   // a block of NB weight rows stays in cache while every tile of rows of x passes over it, so
-  // for M <= ES_MR each weight is read from memory once per call
-  const int64_t NB = 32;
+  // each weight is read from memory once per call: for the few rows of a decode / verify step
+  // one register tile of W (in L1) meets every row; for many rows a larger block (in L2)
+  const int64_t NB = M <= 16 ? ES_NR : 32;
   for (int64_t nb = n0; nb < n1; nb += NB) {
     const int64_t nbe = nb + NB < n1 ? nb + NB : n1;
     for (int64_t m0 = 0; m0 < M; m0 += ES_MR) {
