@@ -432,3 +432,22 @@ def test_the_llama_cpp_draft_does_not_leave_a_file_per_weight_version(tmp_path, 
             for p in trainer.model.parameters():
                 p.mul_(0.99)
         trainer.state.global_step = step + 1
+
+
+def test_what_the_rollouts_cannot_serve_is_refused_by_name(tmp_path):
+    args = config(tmp_path, max_completion_length=2)
+    trainer = GRPOTrainer(model=tiny_llama(0, eos=0), reward_funcs=share_of_a, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+                          processing_class=char_tokenizer())
+    rollout = make_rollout_func()
+    with pytest.raises(InvalidType, match="prompt 1 is a list"):
+        rollout(["hi", [1, 2]], trainer)
+    with pytest.raises(InvalidType, match=r"trainer has no \.model"):
+        rollout(["hi"], object())
+    trainer.tools = [share_of_a]  # TRL would sample the turns after a tool call itself
+    with pytest.raises(InvalidValue, match="tools"):
+        rollout(["hi"], trainer)
+    trainer.tools = None
+    trainer.model.peft_config = {}  # what a PEFT-wrapped policy carries
+    with pytest.raises(InvalidValue, match="PEFT"):
+        rollout(["hi"], trainer)
