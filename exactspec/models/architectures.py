@@ -19,9 +19,8 @@ nodes of equal depth in different slots).
 
 Anything else is refused by `check_target` with one line naming the feature, never run: an
 unknown model type, a layer kind other than the two above (chunked, linear or bidirectional
-attention), or a RoPE whose frequencies depend on the sequence length (``dynamic``,
-``longrope``), which a cached forward cannot reproduce once the sequence grows past the
-original context. Every model type in `LAYOUTS` passes the law test of
+attention), or a RoPE whose frequencies change with the sequence length inside the model's
+context (``longrope`` past its original context), which a cached forward cannot reproduce. Every model type in `LAYOUTS` passes the law test of
 ``tests/models/test_architecture_law.py`` (the law of the first tokens through `es.generate`
 equals the law of transformers' own full forward); a type joins the table only with it.
 """
@@ -137,18 +136,24 @@ def _layout(cfg, model_type: str) -> AttentionLayout:
 
 
 def _check_rope(cfg, model_type: str) -> None:
+    """Refuse a RoPE that recomputes its frequencies from the sequence length inside the
+    model's context: then keys cached early were rotated by other frequencies than a full
+    forward over the whole sequence uses. `dynamic` (NTK) rescales only past
+    max_position_embeddings, which the engine never reaches (longer sequences are refused);
+    `longrope` switches factors past original_max_position_embeddings."""
     params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
     per_kind = [v for v in params.values() if isinstance(v, dict)] or [params]
     max_pos = getattr(cfg, "max_position_embeddings", None)
     for rope in per_kind:
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if not any(t in str(rope_type) for t in _LENGTH_DEPENDENT_ROPE):
+        rope_type = str(rope.get("rope_type", rope.get("type", "default")))
+        if not any(t in rope_type for t in _LENGTH_DEPENDENT_ROPE):
             continue
-        original = rope.get("original_max_position_embeddings",
-                            getattr(cfg, "original_max_position_embeddings", None))
+        original = max_pos if "dynamic" in rope_type else rope.get(
+            "original_max_position_embeddings", getattr(cfg, "original_max_position_embeddings",
+                                                        None))
         if original is None or max_pos is None or max_pos > original:
-            raise _refuse(model_type, f"rope_type={rope_type!r} (frequencies recomputed from the "
-                                      f"sequence length, past {original} tokens)")
+            raise _refuse(model_type, f"rope_type={rope_type!r} (its frequencies change once a "
+                                      f"sequence passes {original} of the {max_pos} positions)")
 
 
 def check_target(model) -> AttentionLayout:

@@ -156,13 +156,24 @@ def test_unknown_and_unsupported_architectures_are_refused():
     cfg = AutoConfig.for_model("bloom", vocab_size=V, hidden_size=16, n_layer=1, n_head=2)
     with pytest.raises(InvalidValue, match="model type 'bloom' is not among"):
         generate(AutoModelForCausalLM.from_config(cfg).eval(), [PROMPT], max_new_tokens=2)
+    longrope = tiny("phi3", rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4,
+        "long_factor": [2.0] * 4}, original_max_position_embeddings=16)
+    with pytest.raises(InvalidValue, match=r"rope_type='longrope'.* passes 16 of the 64"):
+        generate(longrope, [PROMPT], max_new_tokens=2)
     dynamic = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32,
                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                           max_position_embeddings=64,
                           rope_parameters={"rope_type": "dynamic", "factor": 2.0,
                                            "rope_theta": 10000.0})
-    with pytest.raises(InvalidValue, match="rope_type='dynamic'"):
-        generate(AutoModelForCausalLM.from_config(dynamic).eval(), [PROMPT], max_new_tokens=2)
+    dynamic_model = AutoModelForCausalLM.from_config(dynamic).eval()
+    # NTK scaling acts only past max_position_embeddings, which the engine refuses: accepted
+    ids = torch.tensor([PROMPT])
+    greedy = generate(dynamic_model, [PROMPT], params=SamplingParams(temperature=0),
+                      max_new_tokens=8)[0].token_ids
+    expected = dynamic_model.generate(ids, do_sample=False, max_new_tokens=8,
+                                      attention_mask=torch.ones_like(ids))[0, len(PROMPT):]
+    assert greedy == expected.tolist()
     chunked = copy.deepcopy(tiny("qwen2").config)
     chunked.layer_types = ["chunked_attention", "full_attention"]
     with pytest.raises(InvalidValue, match=r"layer_types \['chunked_attention'\] on layer 0"):
