@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
+from exactspec.errors import InvalidValue
 from exactspec.sampling.params import SamplingParams
 
 
@@ -112,7 +113,14 @@ def _apply_penalties(
     if prev_tokens.dtype not in (torch.int64, torch.int32):
         raise TypeError("prev_tokens must be an integer tensor padded with -1")
     t = prev_tokens.shape[-1]
-    prev = torch.broadcast_to(prev_tokens, (*lead, t)).reshape(n, t).to(x.device).long()
+    try:
+        prev = torch.broadcast_to(prev_tokens, (*lead, t)).reshape(n, t).to(x.device).long()
+    except RuntimeError:
+        raise InvalidValue(
+            f"prev_tokens has shape {list(prev_tokens.shape)}, but logits of shape "
+            f"{[*lead, x.shape[-1]]} need [{', '.join(map(str, lead))}, T]: one history per "
+            "position (or dimensions of size 1 that broadcast, e.g. history[:, None, :] for "
+            "one history shared by the positions of a row)") from None
     if (prev >= vocab).any() or (prev < -1).any():
         raise ValueError(f"prev_tokens holds ids outside [0, {vocab}) (and -1 for padding)")
     valid = prev >= 0
