@@ -97,8 +97,10 @@ def add(sub) -> None:
                    help="TCP port, 1-65535, or 0 for any free one (default %(default)s)")
     add_drafter_flags(p)
     p.add_argument("--num-draft-tokens", type=draft_tokens, default=None, metavar="N|auto",
-                   help="draft tokens per step (default 4), or 'auto' (still exact; a seed's "
-                   "text then depends on timings); needs a drafter")
+                   help="draft tokens per step, or 'auto' (the default: K per step, 0 "
+                   "included, from the costs measured at the current load, so speculation "
+                   "never makes the server slower; still exact, but a seed's text then "
+                   "depends on timings: give N for reproducible seeded text); needs a drafter")
     p.add_argument("--verify", default=None, metavar="METHOD",
                    help="verification method: token (default), block (lossless), greedy (exact "
                    "only at temperature 0: other requests are refused with 400), or the opt-in "
@@ -116,6 +118,12 @@ def add(sub) -> None:
     p.add_argument("--served-name", default=None,
                    help="model id clients send (default: --model)")
     p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads")
+    p.add_argument("--replicas", type=at_least(1), default=1,
+                   help="engine replicas behind one endpoint, on Ray Serve (default 1: one "
+                   "engine, no Ray)")
+    p.add_argument("--ray", metavar="ADDRESS", default=None,
+                   help="with --replicas: the address of an existing Ray cluster (default: a "
+                   "local one on this machine)")
     p.set_defaults(run=run)
 
 
@@ -143,6 +151,10 @@ def run(args) -> int:
         except InvalidValue as exc:
             raise UsageError(f"--verify: {exc}") from None
         warn_lossy(verify, '; responses say "lossless": false')
+    if args.ray is not None and args.replicas == 1:
+        raise UsageError("--ray needs --replicas N (N >= 2): it places engine replicas")
+    if args.replicas > 1:  # the replicas load the model themselves, on Ray
+        return _replicas(args, verify, has_drafter)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model = load(args.model)
@@ -151,7 +163,26 @@ def run(args) -> int:
         served_name=args.served_name or args.model, api_key=args.api_key,
         request_timeout=args.request_timeout, drafter_name=name,
         engine=EngineConfig(max_batch=args.max_batch, max_queue=args.max_queue,
-                            num_draft_tokens=value_or(args, "num_draft_tokens", 4)
+                            num_draft_tokens=value_or(args, "num_draft_tokens", "auto")
                             if drafter else 0, verify=verify))
     serve(model, drafter, config, host=args.host, port=args.port)
+    return 0
+
+
+def _replicas(args, verify: str, has_drafter: bool) -> int:
+    """`--replicas N`: N engines behind one endpoint on Ray Serve (exactspec/serve/replicas.py)."""
+    from exactspec.serve import EngineConfig, ServerConfig
+    from exactspec.serve.replicas import ReplicaSpec, serve_replicas
+
+    config = ServerConfig(
+        served_name=args.served_name or args.model, api_key=args.api_key,
+        request_timeout=args.request_timeout, drafter_name="plain",
+        engine=EngineConfig(max_batch=args.max_batch, max_queue=args.max_queue,
+                            num_draft_tokens=value_or(args, "num_draft_tokens", "auto")
+                            if has_drafter else 0, verify=verify))
+    spec = ReplicaSpec(model=args.model, drafter=drafter_choice(args), config=config,
+                       threads=args.threads,
+                       host="127.0.0.1" if args.ray is None else None)
+    serve_replicas(spec, args.replicas, host=args.host, port=args.port, address=args.ray,
+                   api_key=args.api_key)
     return 0

@@ -250,8 +250,11 @@ class ServingEngine:
         taken, rows = [], in_flight
         while self._waiting:
             sub = self._waiting[0]
-            if sub.cancelled:
+            if sub.cancelled:  # its client left while it waited: it never decodes
                 self._waiting.popleft()
+                if not sub.done:
+                    sub.done = True
+                    self.metrics.count("requests", "cancelled")
                 continue
             n = len(sub.choices)
             if rows and rows + n > self.config.max_batch:

@@ -79,26 +79,27 @@ def _exit_cleanly(_sig, _frame) -> None:
     raise SystemExit(0)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` (default 127.0.0.1) that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
 class BackgroundServer:
-    """The app served by uvicorn in a thread of this process, on 127.0.0.1 only.
+    """The app served by uvicorn in a thread of this process, on 127.0.0.1 (or `host`).
 
     `with BackgroundServer(model, drafter, config) as srv: srv.url` ... On exit the server
     stops accepting, drains, and its thread is joined (bounded by `stop_timeout`).
     """
 
     def __init__(self, model: Model, drafter: Drafter | None, config: ServerConfig, *,
-                 start_timeout: float = 30.0, stop_timeout: float = 30.0) -> None:
+                 start_timeout: float = 30.0, stop_timeout: float = 30.0,
+                 host: str = "127.0.0.1") -> None:
         self.app = create_app(model, drafter, config)
-        self.port = free_port()  # where it listens
-        self.url = f"http://127.0.0.1:{self.port}"  # base URL; the OpenAI client takes url + /v1
-        cfg = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+        self.port = free_port(host)  # where it listens
+        self.url = f"http://{host}:{self.port}"  # base URL; the OpenAI client takes url + /v1
+        cfg = uvicorn.Config(self.app, host=host, port=self.port, log_level="warning",
                              timeout_graceful_shutdown=int(stop_timeout))
         self.server = uvicorn.Server(cfg)
         self.start_timeout = start_timeout  # seconds to wait for it to listen
