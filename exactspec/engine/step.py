@@ -17,6 +17,7 @@ from exactspec.engine.batch import FAULT, BatchState, Row
 from exactspec.errors import InvalidValue
 from exactspec.sampling import DOMAIN_SAMPLE, RowStreams, Verdict, acceptance_law, sample
 from exactspec.sampling.history import history, prefix_history
+from exactspec.sampling.logprobs import token_log_probs
 from exactspec.sampling.standardize import probs_from_logits_rows
 
 # rule(target_probs [B, K+1, V], drafts [B, K], q [B, K, V] | None, streams) -> Verdict
@@ -142,7 +143,7 @@ def finish_step(batch: BatchState, rules: StepRules, clock: Clock,
     batch.policy.observe_costs(draft_s, width - 1, target_s, width, len(batch))
     logprobs = None
     if rules.return_logprobs:
-        logprobs = p.gather(2, emitted.clamp(min=0)[..., None]).squeeze(-1).log().tolist()
+        logprobs = token_log_probs(p, emitted).tolist()  # [B][K+1], es.token_logprobs's
     tops = top_tokens(p, max((r.top_logprobs for r in batch.rows), default=0))
     gained = []
     now = time.perf_counter() - clock.start

@@ -1,0 +1,11 @@
+"""The batch-invariant mode for on-policy RL: the trainer's forward on the engine's numbers.
+
+`batch_invariant()` / `set_batch_invariant(bool)` put a transformers Llama model's own forward
+on our invariant CPU operators (`invariant/mode.py` says how and why), and `token_logprobs`
+computes the log p of generated tokens exactly as the engine's `Generation.logprobs`.
+"""
+
+from exactspec.invariant.logprobs import token_logprobs
+from exactspec.invariant.mode import batch_invariant, is_batch_invariant, set_batch_invariant
+
+__all__ = ["batch_invariant", "is_batch_invariant", "set_batch_invariant", "token_logprobs"]

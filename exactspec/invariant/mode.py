@@ -1,0 +1,228 @@
+"""The batch-invariant mode: transformers' own Llama forward on our invariant CPU operators.
+
+Under `with batch_invariant():` (or after `set_batch_invariant(True)`) a float32 transformers
+Llama-family model's own forward on the CPU (any length, eager or SDPA attention, training mode
+with autograd) computes every output element in one fixed order of its own inputs, and
+reproduces the engine's lean forward (`models/lean_kernels.py`) bit for bit: same operators,
+same order (RMSNorm, RoPE, attention, SiLU, products, final norm, head, float32 logits).
+
+How, and why that way. Two mechanisms, each where it is the only one that gives those bits:
+- `torch.library` overrides of aten operators on the CPU key (a `Library("aten", "IMPL")` that
+  exists only while the mode is on, as Thinking Machines' batch_invariant_ops does on CUDA):
+  `aten::mm` / `aten::addmm` (every nn.Linear, the LM head) run on `kernels.linear` when the
+  second operand is a weight seen through `.t()` (the forward's layout; anything else, e.g.
+  the backward's products, runs torch's own kernel through the `.out` overload), and
+  `aten::silu` on the kernel's exp. These sit below autograd, so autograd is untouched.
+- Function swaps, restored on exit: RMSNorm, RoPE's cos / sin and attention. No aten override
+  can give the lean forward's bits there: its RMSNorm sums x*x with fused multiply-adds in one
+  kernel (aten's pow + mean round each square), its attention normalises after the weighted
+  sum of values (aten's softmax then matmul before), and torch's cos / sin of a position
+  depend on where it falls in the tensor (a vectorised body and a scalar tail), so the
+  lean forward reads them from a table filled in fixed chunks; the swapped rotary reads the
+  same table. The swaps: `LlamaRMSNorm.forward`, `LlamaRotaryEmbedding.forward`, and the
+  "eager" / "sdpa" entries of transformers' attention interface (the mask transformers built
+  is turned into the kernel's visible-key mask). RMSNorm and attention are autograd Functions
+  whose backward is torch's math (`invariant/ops.py`).
+Softmax / log-softmax need no override: torch's CPU kernels over the last dimension reduce
+each row alone in a fixed order (tested: a row alone equals the row in a batch, bit for bit),
+and the standardization's other reductions (cumsum for top-p, sort) are row-local too.
+
+Bit-equality holds on the same machine and build (the same ISA unit of our kernels, the same
+torch); a float32 model is required (other dtypes fall back to torch's operators).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+import weakref
+from collections.abc import Iterator
+
+import torch
+
+from exactspec import kernels
+from exactspec.errors import InvalidValue
+from exactspec.invariant import ops
+from exactspec.models.lean_kernels import ROPE_CHUNK, STATIC_ROPE
+
+_LOCK = threading.RLock()
+_STATE: dict[str, object] = {"on": False}  # "on"; while on: "lib", "saved" (what to restore)
+_ROPE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # rotary -> (key, cos, sin)
+_ORIG: dict[str, object] = {}  # name -> the original function a swap replaced
+
+
+def is_batch_invariant() -> bool:
+    """Whether the batch-invariant mode is on."""
+    return bool(_STATE["on"])
+
+
+def set_batch_invariant(on: bool) -> None:
+    """Turn the batch-invariant mode on or off for the whole process (see the module doc)."""
+    if not isinstance(on, bool):
+        raise TypeError(f"set_batch_invariant takes a bool, got {on!r}")
+    with _LOCK:
+        if on == _STATE["on"]:
+            return
+        if on:
+            if not kernels.enabled():
+                raise InvalidValue(
+                    "the batch-invariant mode needs the exactspec kernels, which are off or "
+                    "not built here: build them with `python -m exactspec.kernels` (and unset "
+                    "EXACTSPEC_KERNELS=0)")
+            _enable()
+        else:
+            _disable()
+        _STATE["on"] = on
+
+
+@contextlib.contextmanager
+def batch_invariant() -> Iterator[None]:
+    """`with es.batch_invariant(): ...`: the mode on inside the block, as it was after."""
+    before = is_batch_invariant()
+    set_batch_invariant(True)
+    try:
+        yield
+    finally:
+        set_batch_invariant(before)
+
+
+# ---- aten overrides (CPU key) ----
+
+def _is_weight_view(b: torch.Tensor) -> bool:
+    return b.dim() == 2 and b.t().is_contiguous()
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # [M, K] @ [K, N]
+    if (a.dtype == b.dtype == torch.float32 and a.dim() == 2 and _is_weight_view(b)
+            and a.numel() and b.numel()):
+        return kernels.linear(a, [b.t()])
+    out = a.new_empty((a.shape[0], b.shape[1]), dtype=torch.promote_types(a.dtype, b.dtype))
+    return torch.ops.aten.mm.out(a, b, out=out)
+
+
+def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta=1, alpha=1):
+    if (beta == 1 and alpha == 1 and bias.dtype == a.dtype == b.dtype == torch.float32
+            and a.dim() == 2 and _is_weight_view(b) and a.numel() and b.numel()):
+        return kernels.linear(a, [b.t()]) + bias
+    out = a.new_empty((a.shape[0], b.shape[1]))
+    return torch.ops.aten.addmm.out(bias, a, b, beta=beta, alpha=alpha, out=out)
+
+
+def _silu(x: torch.Tensor) -> torch.Tensor:
+    if x.dtype == torch.float32 and x.numel():
+        return ops.silu(x)
+    return torch.ops.aten.silu.out(x, out=torch.empty_like(x))
+
+
+# ---- function swaps ----
+
+def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    if (hidden_states.dtype == torch.float32 and self.weight.dtype == torch.float32
+            and hidden_states.device.type == "cpu"):
+        return ops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
+    return _ORIG["rms_norm"](self, hidden_states)
+
+
+def rope_table(rotary, need: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin ([P >= need, d] float32) of the model's own rotary module, filled in chunks of
+    ROPE_CHUNK positions exactly as the lean forward fills its table (same calls, same bits)."""
+    key = (rotary.inv_freq.data_ptr(), rotary.inv_freq._version, device)
+    entry = _ROPE.get(rotary)
+    if entry is None or entry[0] != key:
+        entry = (key, None, None)
+    _, cos, sin = entry
+    have = 0 if cos is None else cos.shape[0]
+    if need > have:
+        forward = _ORIG.get("rotary", type(rotary).forward)
+        dummy = torch.zeros((), dtype=torch.float32, device=device)
+        parts_c, parts_s = [] if cos is None else [cos], [] if sin is None else [sin]
+        with torch.no_grad():
+            for start in range(have, need, ROPE_CHUNK):
+                pos = torch.arange(start, start + ROPE_CHUNK, device=device)[None]
+                c, s = forward(rotary, dummy, pos)  # [1, ROPE_CHUNK, d]
+                parts_c.append(c[0].float())
+                parts_s.append(s[0].float())
+        cos, sin = torch.cat(parts_c), torch.cat(parts_s)
+        _ROPE[rotary] = (key, cos, sin)
+    return cos, sin
+
+
+def _rotary_forward(self, x: torch.Tensor, position_ids: torch.Tensor):
+    if getattr(self, "rope_type", "default") not in STATIC_ROPE or position_ids.numel() == 0:
+        return _ORIG["rotary"](self, x, position_ids)
+    cos, sin = rope_table(self, int(position_ids.max()) + 1, position_ids.device)
+    return cos[position_ids].to(x.dtype), sin[position_ids].to(x.dtype)  # [B, T, d]
+
+
+def visible_keys(attention_mask: torch.Tensor | None, b: int, t: int, s: int,
+                 causal: bool) -> torch.Tensor:  # [B, T, S] bool
+    """The keys each query sees, from the mask transformers built (bool: True = visible;
+    float: 0 = visible, an additive large negative = hidden; None: causal, queries last)."""
+    if attention_mask is None:
+        if not causal or t == 1:
+            return torch.ones(b, t, s, dtype=torch.bool)
+        q = torch.arange(t)[:, None] + (s - t)
+        return (torch.arange(s)[None, :] <= q).expand(b, t, s)
+    m = attention_mask[..., :s]
+    m = m if m.dtype == torch.bool else m == 0
+    if m.dim() == 4:
+        m = m[:, 0]
+    return m.expand(b, t, s)
+
+
+def _attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                       **kwargs):
+    # query [B, h, T, d]; key, value [B, kv, S, d] -> ([B, T, h, d], None)
+    if not (query.dtype == key.dtype == value.dtype == torch.float32
+            and query.device.type == "cpu") or kwargs.get("softcap") is not None:
+        impl = getattr(getattr(module, "config", None), "_attn_implementation", "sdpa")
+        original = _ORIG["eager"] if impl == "eager" else _ORIG["sdpa"]
+        return original(module, query, key, value, attention_mask, dropout=dropout,
+                        scaling=scaling, **kwargs)
+    if dropout:
+        raise InvalidValue(f"attention dropout {dropout} in the batch-invariant mode: set the "
+                           "model's attention_dropout to 0 (or call model.eval())")
+    b, _, t, d = query.shape
+    scale = scaling if scaling is not None else d ** -0.5
+    visible = visible_keys(attention_mask, b, t, key.shape[2],
+                           bool(kwargs.get("is_causal", getattr(module, "is_causal", True))))
+    out = ops.attention(query.transpose(1, 2), key, value, visible, scale)  # [B, T, h, d]
+    return out, None
+
+
+def _enable() -> None:
+    import transformers.models.llama.modeling_llama as llama
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # "overriding a previously registered kernel": intended
+        warnings.simplefilter("ignore", UserWarning)
+        lib.impl("mm", _mm, "CPU")
+        lib.impl("addmm", _addmm, "CPU")
+        lib.impl("silu", _silu, "CPU")
+    _ORIG.update(rms_norm=llama.LlamaRMSNorm.forward, rotary=llama.LlamaRotaryEmbedding.forward,
+                 sdpa=sdpa_attention_forward, eager=llama.eager_attention_forward)
+    local = ALL_ATTENTION_FUNCTIONS._local_mapping
+    saved_attn = {k: local[k] for k in ("eager", "sdpa") if k in local}
+    llama.LlamaRMSNorm.forward = _rms_norm_forward
+    llama.LlamaRotaryEmbedding.forward = _rotary_forward
+    ALL_ATTENTION_FUNCTIONS["eager"] = _attention_forward
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = _attention_forward
+    _STATE.update(lib=lib, saved_attn=saved_attn)
+
+
+def _disable() -> None:
+    import transformers.models.llama.modeling_llama as llama
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    llama.LlamaRMSNorm.forward = _ORIG["rms_norm"]
+    llama.LlamaRotaryEmbedding.forward = _ORIG["rotary"]
+    saved = _STATE.pop("saved_attn")
+    for k in ("eager", "sdpa"):
+        if k in saved:
+            ALL_ATTENTION_FUNCTIONS[k] = saved[k]
+        else:
+            del ALL_ATTENTION_FUNCTIONS[k]
+    _STATE.pop("lib")._destroy()
