@@ -73,6 +73,7 @@ class EngineSpec:
     batch_size: int = 64  # rows per forward pass
     threads: int | None = None  # torch threads in this worker (None: torch's choice)
     chat: bool = True  # encode "prompt" rows as one user turn of the chat template
+    batch_invariant: bool = False  # run under es.batch_invariant() (Engine(batch_invariant=))
 
     def build(self, model: Model | None = None) -> Engine:
         """The engine: loads the model (unless given) and builds the drafter from it."""
@@ -92,7 +93,7 @@ class EngineSpec:
             drafter = DRAFTERS[kind](model, arg)
         return Engine(model, drafter, num_draft_tokens=self.num_draft_tokens,
                       verify=self.verify, stop=list(self.stop) or None,
-                      batch_size=self.batch_size)
+                      batch_size=self.batch_size, batch_invariant=self.batch_invariant)
 
 
 @dataclass(frozen=True)

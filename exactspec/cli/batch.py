@@ -65,6 +65,9 @@ def add(sub) -> None:
                    help="end a sample before this text (repeatable)")
     p.add_argument("--no-chat", action="store_true",
                    help="encode \"prompt\" rows as they are, not as a chat turn")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="decode under es.batch_invariant(): the logprobs are then bit-equal to "
+                   "es.token_logprobs in a trainer's forward (float32 Llama target)")
     p.add_argument("--errors", metavar="FILE", default=None,
                    help="write bad input rows (with their line numbers) to FILE and run the "
                    "rest (default: refuse the job, listing them)")
@@ -114,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                       verify=value_or(args, "verify", "token"), stop=tuple(args.stop or ()),
                       batch_size=args.batch_size,
                       threads=args.threads if args.ray is not None else None,
-                      chat=not args.no_chat)
+                      chat=not args.no_chat, batch_invariant=args.batch_invariant)
     params = SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,

@@ -11,6 +11,7 @@ itself on the next call. Whatever the drafter, the samples stay distributed exac
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,7 @@ from exactspec.drafters.base import Drafter
 from exactspec.engine.api import DEFAULT_BATCH_SIZE, generate
 from exactspec.engine.results import Generation
 from exactspec.errors import InvalidType, InvalidValue
+from exactspec.invariant import batch_invariant, check_invariant_target
 from exactspec.models.loading import Model, as_target, load
 from exactspec.sampling import SamplingParams
 
@@ -33,13 +35,15 @@ class Engine:
     target is an `es.Model`, a transformers causal LM, or a name / path for `es.load`.
     `generate(prompts, n=4)` returns, for each prompt, its n samples (the GRPO shape: the n
     copies of a prompt are prefilled once). `update_weights(state_dict)` swaps in new weights.
+    `batch_invariant=True` runs every call under `es.batch_invariant()`: the logprobs are then
+    the very floats `es.token_logprobs` computes in the trainer's forward (float32 Llama).
     """
 
     def __init__(self, target, drafter: Drafter | None = None,
                  params: SamplingParams | None = None, *, max_new_tokens: int = 128,
                  num_draft_tokens: int | str = 4, verify="token",
                  stop: str | Sequence[str] | None = None,
-                 batch_size: int = DEFAULT_BATCH_SIZE) -> None:
+                 batch_size: int = DEFAULT_BATCH_SIZE, batch_invariant: bool = False) -> None:
         if isinstance(target, str | os.PathLike):
             target = load(target)
         self.model: Model = as_target(target)  # the policy; its parameters are updated in place
@@ -54,6 +58,8 @@ class Engine:
         self.stop = stop  # strings that end a row
         self.batch_size = batch_size  # rows per forward pass
         self.policy_version = 0  # number of update_weights calls so far
+        # every generate call under es.batch_invariant(): logprobs es.token_logprobs reproduces
+        self.batch_invariant = check_invariant_target(self.model.model, batch_invariant)
 
     def __repr__(self) -> str:
         return (f"Engine({self.model.name!r}, drafter={self.drafter!r}, "
@@ -77,11 +83,12 @@ class Engine:
             params = replace(params, seed=secrets.randbits(63))
         ids = self.encode(prompts, chat=chat)  # [P] token lists
         rows = [p for p in ids for _ in range(n)]  # [P * n], the n copies of a prompt adjacent
-        gens = generate(self.model, rows, drafter=self.drafter, params=params,
-                        max_new_tokens=max_new_tokens or self.max_new_tokens,
-                        num_draft_tokens=self.num_draft_tokens, verify=self.verify,
-                        stop=self.stop, return_logprobs=return_logprobs,
-                        batch_size=self.batch_size)
+        with self._mode():
+            gens = generate(self.model, rows, drafter=self.drafter, params=params,
+                            max_new_tokens=max_new_tokens or self.max_new_tokens,
+                            num_draft_tokens=self.num_draft_tokens, verify=self.verify,
+                            stop=self.stop, return_logprobs=return_logprobs,
+                            batch_size=self.batch_size)
         return [gens[i * n:(i + 1) * n] for i in range(len(ids))]
 
     def generate_rows(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
@@ -101,11 +108,16 @@ class Engine:
             _check_params(p)
             if p.seed is None:
                 raise InvalidValue(f"params[{i}].seed is None; generate_rows needs a seed per row")
-        return generate(self.model, [list(p) for p in prompts], drafter=self.drafter,
-                        params=list(params), max_new_tokens=max_new_tokens or self.max_new_tokens,
-                        num_draft_tokens=self.num_draft_tokens, verify=self.verify,
-                        stop=self.stop, return_logprobs=return_logprobs,
-                        batch_size=self.batch_size)
+        with self._mode():
+            return generate(self.model, [list(p) for p in prompts], drafter=self.drafter,
+                            params=list(params),
+                            max_new_tokens=max_new_tokens or self.max_new_tokens,
+                            num_draft_tokens=self.num_draft_tokens, verify=self.verify,
+                            stop=self.stop, return_logprobs=return_logprobs,
+                            batch_size=self.batch_size)
+
+    def _mode(self):
+        return batch_invariant() if self.batch_invariant else contextlib.nullcontext()
 
     def encode(self, prompts, *, chat: bool = False) -> list[list[int]]:
         """Prompts as token-id lists (texts through the tokenizer, chat-templated if `chat`)."""

@@ -6,6 +6,12 @@ computes the log p of generated tokens exactly as the engine's `Generation.logpr
 """
 
 from exactspec.invariant.logprobs import token_logprobs
-from exactspec.invariant.mode import batch_invariant, is_batch_invariant, set_batch_invariant
+from exactspec.invariant.mode import (
+    batch_invariant,
+    check_invariant_target,
+    is_batch_invariant,
+    set_batch_invariant,
+)
 
-__all__ = ["batch_invariant", "is_batch_invariant", "set_batch_invariant", "token_logprobs"]
+__all__ = ["batch_invariant", "check_invariant_target", "is_batch_invariant", "set_batch_invariant",
+           "token_logprobs"]

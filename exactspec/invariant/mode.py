@@ -226,3 +226,25 @@ def _disable() -> None:
         else:
             del ALL_ATTENTION_FUNCTIONS[k]
     _STATE.pop("lib")._destroy()
+
+
+def check_invariant_target(model, on: bool) -> bool:
+    """`on`, after checking that `model` is one the mode makes bit-equal between the engine
+    and the trainer: a float32 Llama-architecture model on the CPU, with the kernels built."""
+    from exactspec.models.lean import LeanLlama
+
+    if not isinstance(on, bool):
+        raise TypeError(f"batch_invariant={on!r} must be a bool")
+    if not on:
+        return False
+    param = next(model.parameters())
+    if not (LeanLlama.supports(model) and param.dtype == torch.float32
+            and param.device.type == "cpu"):
+        raise InvalidValue(
+            f"batch_invariant=True needs a float32 Llama-architecture target on the CPU (got "
+            f"{getattr(model.config, 'model_type', type(model).__name__)} in {param.dtype} on "
+            f"{param.device}); load it with dtype='float32', or leave batch_invariant off")
+    if not kernels.enabled():
+        raise InvalidValue("batch_invariant=True needs the exactspec kernels: build them with "
+                           "`python -m exactspec.kernels` (and unset EXACTSPEC_KERNELS=0)")
+    return True
