@@ -106,14 +106,18 @@ def _server(world, **engine):
                          **engine})
 
 
-def test_concurrent_requests_follow_the_target_law(world, penalised_law):
+@pytest.mark.parametrize("k", [K, "auto"])
+def test_concurrent_requests_follow_the_target_law(world, penalised_law, k):
     """FILTERED and PENALISED requests interleaved: rows of both laws share decode steps, each
-    standardized with its own parameters, and each law passes on its own."""
-    with _server(world) as srv:
+    standardized with its own parameters, and each law passes on its own; with a fixed K and
+    with the serving default, the draft length chosen per step from measured costs (K = 0
+    included), rows admitted into running batches without re-prefilling the others."""
+    with _server(world, num_draft_tokens=k) as srv:
         filtered, penalised = _counts(srv, REQUESTS, REQUESTS // 2)
         accepted = srv.app.state.metrics.accepted_tokens
         peak = srv.app.state.metrics.peak_batch_rows
-    assert accepted > REQUESTS * PER_REQUEST // 10  # drafts were really used
+    # drafts were really used (auto starts at K = 4 until costs are measured)
+    assert accepted > (REQUESTS * PER_REQUEST // 10 if k == K else 0)
     assert peak > 2 * PER_REQUEST  # several requests (of both laws, interleaved) shared a step
     for counts, law in ((filtered, target_law(world[2], N)), (penalised, penalised_law)):
         result = chi_square(counts, law)
