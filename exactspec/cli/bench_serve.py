@@ -1,4 +1,5 @@
-"""`exactspec bench-serve`: the server under 1, 4, 16 concurrent streams, speculative vs plain."""
+"""`exactspec bench-serve`: the server under 1, 4, 16, 64 concurrent streams, speculative vs
+plain (and the llama-cpp-python server when installed)."""
 
 from __future__ import annotations
 
@@ -22,20 +23,25 @@ def add(sub) -> None:
         description="Starts two servers over the same model in this process (127.0.0.1): one "
         "speculating with the chosen drafter (default --quantized-draft 8), one plain. For "
         "each concurrency, that many streaming clients send a fixed list of chat requests; "
-        "the servers take turns. Prints throughput, p50 / p99 TTFT and inter-token latency "
-        "per server and concurrency, writes OUT/bench_serve.json and OUT/bench_serve.png. "
-        "Example: exactspec bench-serve --streams 1,4,16 --threads 2")
+        "the servers take turns; the llama-cpp-python OpenAI server on the model's GGUF "
+        "joins when its server extra is installed. Prints throughput, p50 / p99 TTFT and "
+        "inter-token latency per server and concurrency and the issue-21 targets, writes "
+        "OUT/bench_serve.json and OUT/bench_serve.png. Example: exactspec bench-serve "
+        "--quantized-draft 8 --threads 2")
     p.add_argument("--model", default="smollm2-135m",
                    help="target: embedded name, transformers directory or .gguf file")
     add_drafter_flags(p)
-    p.add_argument("--num-draft-tokens", type=draft_tokens, default=4, metavar="N|auto")
-    p.add_argument("--streams", default="1,4,16", help="concurrencies (default %(default)s)")
+    p.add_argument("--num-draft-tokens", type=draft_tokens, default="auto", metavar="N|auto",
+                   help="K of the speculative server (default auto, as exactspec serve)")
+    p.add_argument("--streams", default="1,4,16,64", help="concurrencies (default %(default)s)")
     p.add_argument("--requests-per-stream", type=at_least(1), default=4,
                    help="requests per run = this x streams (default %(default)s)")
     p.add_argument("--max-tokens", type=at_least(1), default=64)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--rounds", type=at_least(1), default=1)
-    p.add_argument("--max-batch", type=at_least(1), default=32)
+    p.add_argument("--max-batch", type=at_least(1), default=64)
+    p.add_argument("--no-llama-server", action="store_true",
+                   help="leave out the llama-cpp-python server even when it is installed")
     p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads")
     p.add_argument("--out", default="out/bench-serve", help="output directory")
     p.set_defaults(run=run)
@@ -63,13 +69,14 @@ def run(args) -> int:
     cfg = ServeBenchConfig(streams=streams, requests_per_stream=args.requests_per_stream,
                            max_tokens=args.max_tokens, temperature=args.temperature,
                            rounds=args.rounds, num_draft_tokens=args.num_draft_tokens,
-                           max_batch=args.max_batch)
+                           max_batch=args.max_batch, llama_server=not args.no_llama_server,
+                           threads=args.threads)
 
     def progress(server, res) -> None:
         print(f"{server}: {res.streams} streams, {res.throughput:.1f} tok/s, "
               f"{res.failed} failed", flush=True)
 
-    result = bench_serve(model, drafter, name, cfg, progress=progress)
+    result = bench_serve(model, drafter, name, cfg, progress=progress, model_arg=args.model)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_serve.json").write_text(json.dumps(result, indent=1))

@@ -1,14 +1,20 @@
 """`exactspec bench-serve`: the server under concurrent streaming load, speculative vs plain.
 
 Method: two servers over the same loaded model (one with the drafter, one plain decoding)
-run in this process on 127.0.0.1; for each concurrency c, `c` streaming clients share a fixed
-list of chat requests (the bench workloads' prompts, seeded, temperature as configured), the
-two servers taking turns round by round so a busy patch of the machine hits both. Per run:
+run in this process on 127.0.0.1, and, when it is installed, the llama-cpp-python OpenAI
+server on the model's GGUF (a subprocess, same threads; `serve/llama_server.py`); for each
+concurrency c, `c` streaming clients share a fixed list of chat requests (the bench workloads'
+prompts, seeded, temperature as configured), the servers taking turns round by round so a
+busy patch of the machine hits each. Per run:
 output tokens / wall seconds (throughput), time to first token (TTFT: request sent -> first
 text chunk), inter-token latency (ITL: the gap between consecutive text chunks; one chunk
 can carry several tokens when drafts are accepted) and time per output token (TPOT:
 (last - first chunk) / (tokens - 1), per request), as p50 and p99 over requests (TTFT,
-TPOT) or chunks (ITL). Every request must succeed and its usage count its tokens.
+TPOT) or chunks (ITL). Every request must succeed and its usage count its tokens (the
+llama.cpp server, which may send no usage chunk, is counted one token per chunk).
+The issue-21 targets are checked in the result's `targets`: speculative / plain tokens/s
+>= 1.0 at 4, 16 and 64 streams and >= 1.8 at one, TTFT p50 at 16 streams within 1.2x of
+plain's, no failed request at 64 streams.
 """
 
 from __future__ import annotations
@@ -34,14 +40,16 @@ from exactspec.serve.main import BackgroundServer
 class ServeBenchConfig:
     """What bench-serve measures."""
 
-    streams: list[int] = field(default_factory=lambda: [1, 4, 16])  # concurrent clients
+    streams: list[int] = field(default_factory=lambda: [1, 4, 16, 64])  # concurrent clients
     requests_per_stream: int = 4  # requests per run = this x streams
     max_tokens: int = 64  # per request
     temperature: float = 1.0  # sampling temperature of every request
     rounds: int = 1  # runs per (server, concurrency), servers interleaved
-    num_draft_tokens: int | str = 4  # K for the speculative server
-    max_batch: int = 32  # rows decoded together
+    num_draft_tokens: int | str = "auto"  # K for the speculative server (the serve default)
+    max_batch: int = 64  # rows decoded together
     seed: int = 0  # request i uses seed + i
+    llama_server: bool = True  # also the llama-cpp-python server, when installed
+    threads: int | None = None  # the llama.cpp server's threads (None: torch's)
 
 
 @dataclass
@@ -77,7 +85,8 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000, method="inclusive")[min(998, int(q * 1000) - 1)]
 
 
-async def _one(client: httpx.AsyncClient, url: str, body: dict, headers: dict) -> dict:
+async def _one(client: httpx.AsyncClient, url: str, body: dict, headers: dict,
+               chunk_tokens: bool = False) -> dict:
     sent = time.perf_counter()
     chunks: list[float] = []
     usage, ext, done = None, None, False
@@ -99,6 +108,8 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, headers: dict) -
                 usage, ext = event["usage"], event.get("exactspec")
             if any(c["delta"].get("content") for c in event["choices"]):
                 chunks.append(time.perf_counter())
+    if usage is None and chunk_tokens and done:  # a server without a usage chunk
+        usage = {"completion_tokens": len(chunks)}
     ok = done and usage is not None
     return {"ok": ok, "sent": sent, "chunks": chunks, "tokens": usage["completion_tokens"]
             if usage else 0, "ext": ext}
@@ -106,7 +117,7 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, headers: dict) -
 
 async def run_load(url: str, model_name: str, prompts: list[str], streams: int, requests: int,
                    max_tokens: int, temperature: float, seed: int,
-                   api_key: str | None = None) -> LoadResult:
+                   api_key: str | None = None, chunk_tokens: bool = False) -> LoadResult:
     """`streams` clients streaming `requests` chat requests (round-robin over `prompts`)."""
     todo = list(range(requests))
     results: list[dict] = []
@@ -122,7 +133,7 @@ async def run_load(url: str, model_name: str, prompts: list[str], streams: int, 
                         "messages": [{"role": "user", "content": prompts[i % len(prompts)]}]}
                 try:
                     results.append(await _one(client, f"{url}/v1/chat/completions", body,
-                                              headers))
+                                              headers, chunk_tokens))
                 except httpx.HTTPError as exc:
                     results.append({"ok": False, "error": repr(exc)})
 
@@ -146,43 +157,83 @@ async def run_load(url: str, model_name: str, prompts: list[str], streams: int, 
 
 def bench_serve(model: Model, drafter: Drafter | None, drafter_name: str,
                 cfg: ServeBenchConfig, *, prompts: list[str] | None = None,
-                progress=None) -> dict:
-    """Both servers at every concurrency; the JSON-ready result (see `format_table`)."""
+                progress=None, model_arg: str | None = None) -> dict:
+    """Every server at every concurrency; the JSON-ready result (see `format_table`).
+    `model_arg` (what --model named) finds the GGUF for the llama.cpp server."""
+    from contextlib import ExitStack
+
+    from exactspec.serve.llama_server import LlamaServer, gguf_of, llama_server_missing
+
     prompts = prompts or bench_prompts()
-    engines = {"plain": None, drafter_name: drafter}
-    runs: dict[str, dict[int, list[LoadResult]]] = {name: {c: [] for c in cfg.streams}
-                                                    for name in engines}
-    servers = {}
-    for name, d in engines.items():
+    servers: dict[str, object] = {}
+    for name, d in (("plain", None), (drafter_name, drafter)):
         k = cfg.num_draft_tokens if d is not None else 0
         config = ServerConfig(served_name=model.name, drafter_name=name, engine=EngineConfig(
             max_batch=cfg.max_batch, max_queue=max(64, max(cfg.streams) * 2),
             num_draft_tokens=k))
         servers[name] = BackgroundServer(model, d, config)
+    skipped = None
+    if cfg.llama_server:
+        gguf = gguf_of(model_arg) if model_arg else None
+        skipped = llama_server_missing() or (None if gguf else
+                                             f"no GGUF file for {model_arg!r}")
+        if skipped is None:
+            import torch
+
+            servers[LLAMA] = LlamaServer(gguf, threads=cfg.threads or torch.get_num_threads())
+    runs: dict[str, dict[int, list[LoadResult]]] = {name: {c: [] for c in cfg.streams}
+                                                    for name in servers}
     started = time.perf_counter()
-    with servers["plain"] as plain, servers[drafter_name] as spec:
-        urls = {"plain": plain.url, drafter_name: spec.url}
-        for name in engines:  # warm-up: first-call costs are not measured
+    with ExitStack() as stack:
+        urls = {name: stack.enter_context(srv).url for name, srv in servers.items()}
+        for name in servers:  # warm-up: first-call costs are not measured
             asyncio.run(run_load(urls[name], model.name, prompts, 1, 1, 4, cfg.temperature,
-                                 cfg.seed))
+                                 cfg.seed, chunk_tokens=name == LLAMA))
         for _ in range(cfg.rounds):
             for c in cfg.streams:
-                for name in engines:
+                for name in servers:
                     res = asyncio.run(run_load(urls[name], model.name, prompts, c,
                                                c * cfg.requests_per_stream, cfg.max_tokens,
-                                               cfg.temperature, cfg.seed))
+                                               cfg.temperature, cfg.seed,
+                                               chunk_tokens=name == LLAMA))
                     runs[name][c].append(res)
                     if progress is not None:
                         progress(name, res)
     summary = {name: {str(c): asdict(_median(rs)) for c, rs in by_c.items()}
                for name, by_c in runs.items()}
-    speedup = {str(c): (summary[drafter_name][str(c)]["throughput"]
-                        / summary["plain"][str(c)]["throughput"]
-                        if summary["plain"][str(c)]["throughput"] else 0.0)
-               for c in cfg.streams}
+    speedup = {str(c): _ratio(summary[drafter_name][str(c)]["throughput"],
+                              summary["plain"][str(c)]["throughput"]) for c in cfg.streams}
+    ttft_ratio = {str(c): _ratio(summary[drafter_name][str(c)]["ttft_p50"],
+                                 summary["plain"][str(c)]["ttft_p50"]) for c in cfg.streams}
     return {"model": model.name, "drafter": drafter_name, "config": asdict(cfg),
-            "results": summary, "speedup": speedup,
+            "results": summary, "speedup": speedup, "ttft_ratio": ttft_ratio,
+            "targets": targets(summary, drafter_name, speedup, ttft_ratio),
+            "llama_server_skipped": skipped,
             "duration_seconds": time.perf_counter() - started}
+
+
+LLAMA = "llama.cpp server"  # the llama-cpp-python server's name in the results
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def targets(summary: dict, drafter_name: str, speedup: dict, ttft_ratio: dict) -> dict:
+    """Issue 21's targets, each with its measured value and whether it is met (only those
+    whose concurrency was run)."""
+    out = {}
+    for c, need in (("1", 1.8), ("4", 1.0), ("16", 1.0), ("64", 1.0)):
+        if c in speedup:
+            out[f"speedup at {c} streams >= {need}"] = {"value": speedup[c],
+                                                         "met": speedup[c] >= need}
+    if "16" in ttft_ratio:
+        out["TTFT p50 at 16 streams <= 1.2x plain"] = {"value": ttft_ratio["16"],
+                                                       "met": ttft_ratio["16"] <= 1.2}
+    if "64" in summary[drafter_name]:
+        failed = summary[drafter_name]["64"]["failed"] + summary["plain"]["64"]["failed"]
+        out["failed requests at 64 streams == 0"] = {"value": failed, "met": failed == 0}
+    return out
 
 
 def _median(rs: list[LoadResult]) -> LoadResult:
@@ -205,6 +256,13 @@ def format_table(result: dict) -> str:
                          f"{r['failed']:>6}")
     lines.append("speedup (tok/s, speculative / plain): " + ", ".join(
         f"{c} streams {s:.2f}x" for c, s in result["speedup"].items()))
+    if result.get("ttft_ratio"):
+        lines.append("TTFT p50, speculative / plain: " + ", ".join(
+            f"{c} streams {s:.2f}x" for c, s in result["ttft_ratio"].items()))
+    for name, t in result.get("targets", {}).items():
+        lines.append(f"target {name}: {t['value']:.2f} {'met' if t['met'] else 'NOT met'}")
+    if result.get("llama_server_skipped"):
+        lines.append(f"llama.cpp server not run: {result['llama_server_skipped']}")
     return "\n".join(lines)
 
 
@@ -215,7 +273,7 @@ def write_plot(result: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
     for name, by_c in result["results"].items():
         cs = [int(c) for c in by_c]
         rs = list(by_c.values())
@@ -224,7 +282,15 @@ def write_plot(result: dict, path: Path) -> Path:
             line, = ax.plot(cs, [r[f"{key}_p50"] * 1000 for r in rs], "o-", label=f"{name} p50")
             ax.plot(cs, [r[f"{key}_p99"] * 1000 for r in rs], "s--", color=line.get_color(),
                     label=f"{name} p99")
-    titles = ("throughput (output tok/s)", "time to first token (ms)", "inter-token latency (ms)")
+    ratio = result["speedup"]
+    cs = [int(c) for c in ratio]
+    axes[3].plot(cs, list(ratio.values()), "o-", label="tok/s")
+    if result.get("ttft_ratio"):
+        axes[3].plot(cs, list(result["ttft_ratio"].values()), "s--", label="TTFT p50")
+    for y, style in ((1.0, ":"), (1.8, "-."), (1.2, "--")):
+        axes[3].axhline(y, color="grey", linestyle=style, linewidth=0.8)
+    titles = ("throughput (output tok/s)", "time to first token (ms)",
+              "inter-token latency (ms)", f"{result['drafter']} / plain")
     for ax, title in zip(axes, titles, strict=True):
         ax.set_title(title)
         ax.set_xlabel("concurrent streams")
