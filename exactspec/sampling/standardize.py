@@ -77,7 +77,9 @@ def probs_from_logits(
     if params.min_p > 0.0:
         top = probs.max(-1, keepdim=True).values
         probs = probs.masked_fill(probs < params.min_p * top, 0.0)
-    total = probs.sum(-1, keepdim=True)
+    # one sequential float64 sum per row (cumsum), not `sum`, which splits a lone row's
+    # reduction across threads: p must not depend on how many rows share the call
+    total = probs.double().cumsum(-1)[:, -1:].to(probs.dtype)  # [N, 1]
     if (total <= 0).any():
         raise ValueError("the sampling filters left no token with positive probability")
     probs = probs / total
