@@ -73,7 +73,9 @@ def token_logprobs(model, sequences, prompt_lengths,
     pos = torch.arange(width, device=dev).expand(b, width)  # [B, L]
     keep = width - int(prompt.min()) + 1  # positions min(P) - 1 .. L - 1
     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                   logits_to_keep=keep).logits.float()  # [B, keep, V]
+                   logits_to_keep=keep).logits  # [B, keep, V]
+    if logits.dtype != torch.float64:  # float32 as the engine's (float64 kept: tests)
+        logits = logits.float()
     j = torch.arange(c)  # [C]
     at = (prompt[:, None] - 1 + j - (width - keep)).clamp(max=keep - 1)  # [B, C]
     logits = logits.gather(1, at.to(dev)[..., None].expand(-1, -1, logits.shape[-1]))  # [B, C, V]
@@ -84,6 +86,8 @@ def token_logprobs(model, sequences, prompt_lengths,
     plens = prompt[:, None].expand(-1, c).to(dev)  # [B, C]
     p = probs_from_logits_rows(logits, laws, prev, plens, groups=law_groups(laws))  # [B, C, V]
     tokens = hist.gather(1, ends.clamp(max=width - 1))  # [B, C]
-    tokens = torch.where(j < comp[:, None], tokens, -1).to(dev)
+    valid = (j < comp[:, None]).to(dev)  # [B, C]
+    # past a row's end read its most likely token (p > 0: no log 0, so no NaN gradients)
+    tokens = torch.where(valid, tokens.to(dev), p.detach().argmax(-1))
     lp = token_log_probs(p, tokens)  # [B, C]
-    return torch.where(tokens >= 0, lp, torch.zeros((), device=dev))
+    return torch.where(valid, lp, torch.zeros((), device=dev))
