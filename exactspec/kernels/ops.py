@@ -57,7 +57,7 @@ def _register_fakes() -> None:
     register = torch.library.register_fake
 
     @register(lib + "linear")
-    def _linear(x, weights, scales=None):
+    def _linear(x, weights, scales=None, residual=None):
         return x.new_empty(x.shape[0], sum(w.shape[0] for w in weights))
 
     @register(lib + "rms_norm")
@@ -78,10 +78,12 @@ def _register_fakes() -> None:
 
 
 def linear(x: torch.Tensor, weights: list[torch.Tensor],  # [M, K] -> [M, sum N_i] float32
-           scales: torch.Tensor | None = None) -> torch.Tensor:
+           scales: torch.Tensor | None = None,
+           residual: torch.Tensor | None = None) -> torch.Tensor:
     """x @ cat(weights)^T (each [N_i, K] float32, bfloat16 or int8), times `scales` ([N]
-    float32, per output column) if given; one call for fused q/k/v or gate/up parts."""
-    return torch.ops.exactspec.linear(x, weights, scales)
+    float32, per output column) if given, plus `residual` ([M, N]) if given (the same bits as
+    adding it afterwards); one call for fused q/k/v or gate/up parts."""
+    return torch.ops.exactspec.linear(x, weights, scales, residual)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [M, H]

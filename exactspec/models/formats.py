@@ -107,19 +107,21 @@ class Matrix:
                                                       self.scales)
         return y.to(dtype).reshape(*lead, self.out_features)
 
-    def kernel(self, x: torch.Tensor) -> torch.Tensor:  # [M, in] float32 -> [M, out] float32
-        """x @ W^T on our own batch-invariant kernel (exactspec.kernels.linear): each output
-        element's value depends on its row of x and column of W only. int4 (no kernel of
-        ours) runs its torch product, not batch-invariant."""
+    def kernel(self, x: torch.Tensor,  # [M, in] float32 -> [M, out] float32
+               residual: torch.Tensor | None = None) -> torch.Tensor:
+        """(residual +) x @ W^T on our own batch-invariant kernel (exactspec.kernels.linear):
+        each output element's value depends on its row of x and column of W only. int4 (no
+        kernel of ours) runs its torch product, not batch-invariant."""
         if self.parts is not None:
-            return kernel_linear(x, self.parts)
+            return kernel_linear(x, self.parts, None, residual)
         if self.fmt == "bfloat16" and self.packed:
-            return kernel_linear(x, [self.weight])
+            return kernel_linear(x, [self.weight], None, residual)
         if self.fmt == "int8" and self.qweight is not None and self.kernel_scales is not None:
-            return kernel_linear(x, [self.qweight], self.kernel_scales)
+            return kernel_linear(x, [self.qweight], self.kernel_scales, residual)
         if self.ref_weight is not None:
-            return kernel_linear(x, [self.ref_weight])
-        return self(x).float()
+            return kernel_linear(x, [self.ref_weight], None, residual)
+        y = self(x).float()
+        return y if residual is None else residual + y
 
     def dequantized(self) -> torch.Tensor:  # [out, in] float32
         """The weight this matrix multiplies by, in float32 (the reference for every kernel)."""

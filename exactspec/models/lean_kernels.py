@@ -72,8 +72,8 @@ def forward_kernels(lean, tokens: torch.Tensor, positions: torch.Tensor, cache: 
         v = y[..., (h + kv) * d:].view(b, t, kv, d).transpose(1, 2)  # [B, kv, T, d]
         k, v = cache.update(k, v, i)  # [B, kv, S, d]
         o = kernels.attention(q, k, v, mask, lean.scaling)  # [B, T, h, d]
-        x = x + wo.kernel(o.view(m, h * d))
-        x = x + wd.kernel(kernels.silu_mul(gu.kernel(kernels.rms_norm(x, w2, e2))))
+        x = wo.kernel(o.view(m, h * d), residual=x)  # x + o W_o^T
+        x = wd.kernel(kernels.silu_mul(gu.kernel(kernels.rms_norm(x, w2, e2))), residual=x)
     norm_w, norm_eps = lean.norm
     feats = None
     if want is not None:

@@ -208,3 +208,10 @@ def test_attention_of_a_query_ignores_other_queries_and_masked_or_absent_keys(is
                                     v[r:r + 1, :, : n + t + 1], None, 0.25)
             assert torch.equal(one, kernels.attention(q, k[:, :, :s_len], v[:, :, :s_len],
                                                       mask, 0.25)[r:r + 1, t:t + 1])
+
+
+def test_linear_residual_is_the_same_bits_as_adding_afterwards(isa):
+    g = torch.Generator().manual_seed(9)
+    x, r = torch.randn(5, 70, generator=g), torch.randn(5, 40, generator=g)
+    w = torch.randn(40, 70, generator=g)
+    assert torch.equal(kernels.linear(x, [w], None, r), r + kernels.linear(x, [w]))

@@ -87,7 +87,8 @@ struct Task {
 };
 
 at::Tensor linear(const at::Tensor& x_, at::TensorList weights,
-                  const c10::optional<at::Tensor>& scales) {
+                  const c10::optional<at::Tensor>& scales,
+                  const c10::optional<at::Tensor>& residual_) {
   check_f32_rows(x_, "x", 2);
   TORCH_CHECK(!weights.empty(), "linear needs at least one weight");
   const at::Tensor x = x_.contiguous();
@@ -116,13 +117,24 @@ at::Tensor linear(const at::Tensor& x_, at::TensorList weights,
     for (Task& t : tasks) t.scale = s.data_ptr<float>() + t.col;
   }
   at::Tensor y = at::empty({M, N}, x.options());
+  at::Tensor residual;
+  if (residual_.has_value()) {
+    residual = residual_->contiguous();
+    check_f32_rows(residual, "residual", 2);
+    TORCH_CHECK(residual.size(0) == M && residual.size(1) == N, "residual must be [", M, ", ",
+                N, "], got ", residual.sizes());
+  }
   const float* xp = x.data_ptr<float>();
+  const float* rp = residual.defined() ? residual.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   const Isa& k = isa();
   auto run = [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const Task& t = tasks[i];
       k.linear(xp, M, K, t.w, t.wt, t.scale, yp + t.col, N, t.r0, t.r1);
+      if (rp)  // residual + product, elementwise: the bits of torch's x + linear(...)
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t c = t.col + t.r0; c < t.col + t.r1; ++c) yp[m * N + c] += rp[m * N + c];
     }
   };
   const int64_t n = static_cast<int64_t>(tasks.size());
@@ -234,7 +246,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }  // namespace
 
 TORCH_LIBRARY(exactspec, m) {
-  m.def("linear(Tensor x, Tensor[] weights, Tensor? scales=None) -> Tensor");
+  m.def("linear(Tensor x, Tensor[] weights, Tensor? scales=None, Tensor? residual=None) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin, int heads) -> ()");
