@@ -1,0 +1,37 @@
+"""The set-up side: an instruction set forced by EXACTSPEC_KERNEL_ISA, and a failed build (no
+compiler) falling back to the torch path with one warning line, in fresh processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from exactspec import kernels
+
+LEAN = ("import logging, torch; logging.basicConfig(level=logging.WARNING);"
+        "from exactspec.models.lean import LeanLlama; from tests.engine.tiny import tiny_llama;"
+        "m = tiny_llama(0); a, b = LeanLlama(m), LeanLlama(m);"
+        "print('kernels', a.kernels, b.kernels)")
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300, check=True)
+
+
+def test_isa_forced_by_the_environment():
+    name = kernels.available_isas()[-1]  # "portable": never the automatic choice on x86-64
+    out = _run("from exactspec import kernels; kernels.enabled();"
+               "print(kernels.current_isa())", EXACTSPEC_KERNEL_ISA=name)
+    assert out.stdout.split() == [name]
+
+
+def test_failed_build_falls_back_with_one_warning_line(tmp_path):
+    out = _run(LEAN, EXACTSPEC_KERNELS_DIR=str(tmp_path), CXX="false")
+    assert out.stdout.split() == ["kernels", "False", "False"]
+    warnings = [line for line in out.stderr.splitlines() if "exactspec kernels" in line]
+    assert len(warnings) == 1 and "not built" in warnings[0], out.stderr
+    # the failure is remembered: the next process does not try again, and says why
+    again = _run(LEAN, EXACTSPEC_KERNELS_DIR=str(tmp_path), CXX="false")
+    assert "the build failed earlier" in again.stderr
