@@ -34,8 +34,8 @@ from exactspec.sampling.tree_verify import (
     TreeLaw,
     rule_law,
     token_step,
-    tree_acceptance_law,
 )
+from exactspec.sampling.verify import tree_acceptance_law
 
 
 @dataclass

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from exactspec.drafters.base import Drafter
 from exactspec.errors import InvalidType, InvalidValue
-from exactspec.sampling import METHODS, SamplingParams, parse_lossy
+from exactspec.sampling import SamplingParams, VerifyMethod, parse_method
 
 log = logging.getLogger(__name__)
 
@@ -71,26 +71,29 @@ def check_layers(drafter: Drafter | None) -> tuple[int, ...] | None:
     return tuple(layers)
 
 
-def check_verify(verify, params: list[SamplingParams]) -> str | Callable:
-    """The verify method; refuses a method that is not exact for some row's parameters."""
-    if callable(verify) or verify == "traversal":  # traversal: trees; "block" on a chain
+def check_verify(verify, params: list[SamplingParams]) -> VerifyMethod | Callable:
+    """The verify method, parsed once (a callable passes through); refuses a method that is
+    not exact for some row's parameters and warns about a lossy one."""
+    if callable(verify):
         return verify
-    if isinstance(verify, str) and verify not in METHODS and parse_lossy(verify) is not None:
+    try:
+        method = parse_method(verify)
+    except InvalidValue as exc:
+        if str(exc).startswith("unknown verify method"):
+            raise InvalidValue(f"{exc}, or a callable with exactspec.verify's signature") from None
+        raise
+    if not method.lossless:
         log.warning("verify=%r is a LOSSY rule: the output is not distributed as the target's "
-                    "(see `exactspec audit --lossy` for its drift)", verify)
-        return verify
-    if not isinstance(verify, str) or verify not in METHODS:
-        raise InvalidValue(f"verify={verify!r} must be one of {[*METHODS, 'traversal']}, a lossy rule "
-                           "('lenient:L', 'typical:EPS'), or a callable with exactspec.verify's "
-                           "signature")
-    if verify == "greedy":
+                    "(see `exactspec audit --lossy` for its drift)", method.name)
+    if method.greedy_only:
         hot = next((p for p in params if not p.is_greedy), None)
         if hot is not None:
             raise InvalidValue(
-                f"verify='greedy' with temperature={hot.temperature}: greedy verification "
-                "emits the target's argmax, which is the target's law only for greedy decoding; "
-                "use temperature=0, or verify='token' / 'block' to sample at this temperature")
-    return verify
+                f"verify={method.name!r} with temperature={hot.temperature}: greedy "
+                "verification emits the target's argmax, which is the target's law only for "
+                "greedy decoding; use temperature=0, or verify='token' / 'block' to sample at "
+                "this temperature")
+    return method
 
 
 def check_stop(stop, tokenizer) -> list[str]:

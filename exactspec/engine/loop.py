@@ -21,7 +21,7 @@ from exactspec.engine.stopping import StopRule
 from exactspec.engine.tree_step import tree_rule
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import Model, as_model
-from exactspec.sampling import SamplingParams, Verdict, verify
+from exactspec.sampling import SamplingParams, Verdict, VerifyMethod, parse_method
 
 VerifyFn = Callable[..., Verdict]
 
@@ -43,23 +43,22 @@ class DecodeConfig:
     params: SamplingParams | Sequence[SamplingParams]  # shared, or one per row
     max_new_tokens: int  # the budget `make_row` gives a row (a row carries its own)
     num_draft_tokens: int | str  # K, or "auto"
-    verify: str | VerifyFn  # "token" | "block" | "greedy" | a callable with verify's signature
+    verify: VerifyMethod | str | VerifyFn  # a method (or its name) | a callable like verify's
     return_logprobs: bool  # collect log p of each emitted token
     eos_token_ids: list[int]  # tokens that end a row
     stop: list[str]  # strings that end a row
     tokenizer: object | None  # for stop strings
 
 
-def verify_rule(drafter: Drafter | None, verify_arg: str | VerifyFn):
+def verify_rule(drafter: Drafter | None, verify_arg: VerifyMethod | str | VerifyFn):
     """The step's acceptance rule: the plain draw without a drafter, else `verify_arg`."""
     if drafter is None:
         return plain_rule
     if callable(verify_arg):
         return lambda p, x, q, streams: verify_arg(p, x, q, generator=streams)
     # p is made by the engine and a user drafter's q is checked before: no second check
-    method = "block" if verify_arg == "traversal" else verify_arg  # traversal on a chain
-    return lambda p, x, q, streams: verify(p, x, q, method=method, generator=streams,
-                                           check=False)
+    law = parse_method(verify_arg).chain_law  # traversal's chain law is block's
+    return lambda p, x, q, streams: law(p, x, q, check=False).draw(streams)
 
 
 class Decoder:

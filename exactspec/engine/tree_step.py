@@ -20,7 +20,7 @@ from exactspec.engine.batch import FAULT, BatchState, Row
 from exactspec.engine.step import Clock, StepRules, finish_step
 from exactspec.errors import InvalidValue
 from exactspec.models.tree_attention import commit_path, extend_tree, path_index
-from exactspec.sampling import DraftTree, tree_history, verify_tree
+from exactspec.sampling import DraftTree, VerifyMethod, parse_method, tree_history
 from exactspec.sampling.standardize import probs_from_logits_rows
 
 
@@ -48,23 +48,23 @@ def tree_rule(drafter, verify) -> partial | None:
     """
     if not tree_drafting(drafter):
         return None
-    if verify == "block":
-        raise InvalidValue("verify='block' verifies chains; with a tree drafter use "
-                           "verify='traversal' (block verification's tree form) or 'token'")
-    if verify not in ("token", "traversal", "greedy"):
-        raise InvalidValue(f"verify={verify!r} cannot verify token trees; with a tree drafter "
-                           "use 'token', 'traversal' or 'greedy'")
-    if (verify == "traversal" and isinstance(drafter.tree, DynamicTree)
+    method = None if callable(verify) else parse_method(verify)
+    if method is None or method.tree_law is None:
+        name = verify if method is None else method.name
+        hint = "" if method is None else method.tree_hint
+        raise InvalidValue(f"verify={name!r} cannot verify token trees{hint}; with a tree "
+                           "drafter use 'token', 'traversal' or 'greedy'")
+    if (method.fixed_shape_only and isinstance(drafter.tree, DynamicTree)
             and drafter.siblings != "deterministic"):
-        raise InvalidValue(f"verify='traversal' is proven for trees whose shape is fixed before "
-                           f"the draws; a DynamicTree with siblings={drafter.siblings!r} sizes "
-                           "its nodes by what was drawn: use verify='token', or "
+        raise InvalidValue(f"verify={method.name!r} is proven for trees whose shape is fixed "
+                           f"before the draws; a DynamicTree with siblings={drafter.siblings!r} "
+                           "sizes its nodes by what was drawn: use verify='token', or "
                            "siblings='deterministic'")
-    return partial(tree_step, method=verify)
+    return partial(tree_step, method=method)
 
 
 def tree_step(batch: BatchState, rules: StepRules, clock: Clock, room: torch.Tensor, *,
-              method: str) -> list[tuple[Row, list[int]]] | None:  # room [B]: tokens a row may add
+              method: VerifyMethod) -> list[tuple[Row, list[int]]] | None:  # room [B]: tokens a row may add
     """One step of every row with a token tree; see the module docstring. None when the
     drafter raised (under on_fault="plain"): nothing ran, the caller steps plain."""
     dev = batch.target.device
@@ -78,7 +78,7 @@ def tree_step(batch: BatchState, rules: StepRules, clock: Clock, room: torch.Ten
     logits, feats = out if batch.layers is not None else (out, None)  # [B, N+1, V], [B, N+1, F]
     target_s = clock.lap()
     p = tree_target_probs(batch, logits, tree)  # [B, N+1, V]
-    verdict = verify_tree(p, tree, method=method, generator=batch.streams, check=rules.check_q)
+    verdict = method.tree_law(p, tree, check=rules.check_q).draw(batch.streams)
     batch.streams.advance()
     n = verdict.num_accepted.to(dev)  # [B]
     verify_s = clock.lap()

@@ -3,7 +3,17 @@
 Imports nothing from the rest of exactspec.
 """
 
-from exactspec.sampling.lossy import LOSSY_RULES, LossyRule, is_lossless, parse_lossy
+from exactspec.sampling.chain import AcceptanceLaw, Verdict
+from exactspec.sampling.methods import (
+    LOSSY_RULES,
+    METHODS,
+    TREE_METHODS,
+    LossyRule,
+    VerifyMethod,
+    is_lossless,
+    parse_lossy,
+    parse_method,
+)
 from exactspec.sampling.params import SamplingParams
 from exactspec.sampling.standardize import probs_from_logits
 from exactspec.sampling.streams import (
@@ -18,19 +28,14 @@ from exactspec.sampling.streams import (
     uniforms,
 )
 from exactspec.sampling.tree import SIBLING_KINDS, DraftTree, branching_parents, tree_history
-from exactspec.sampling.tree_verify import (
-    TREE_METHODS,
-    TreeLaw,
-    TreeVerdict,
-    tree_acceptance_law,
-    verify_tree,
-)
-from exactspec.sampling.verify import METHODS, AcceptanceLaw, Verdict, acceptance_law, verify
+from exactspec.sampling.tree_verify import TreeLaw, TreeVerdict
+from exactspec.sampling.verify import acceptance_law, tree_acceptance_law, verify, verify_tree
 
 __all__ = [
     "DOMAIN_ACCEPT", "DOMAIN_DRAFT", "DOMAIN_RESAMPLE", "DOMAIN_SAMPLE", "LOSSY_RULES", "METHODS",
     "AcceptanceLaw", "LossyRule", "Randomness", "RowStreams", "SamplingParams", "Verdict",
-    "acceptance_law", "is_lossless", "parse_lossy", "probs_from_logits", "sample",
+    "VerifyMethod", "acceptance_law", "is_lossless", "parse_lossy", "parse_method",
+    "probs_from_logits", "sample",
     "sample_from_weights", "uniforms", "verify",
 ]
 __all__ += ["SIBLING_KINDS", "TREE_METHODS", "DraftTree", "TreeLaw", "TreeVerdict",

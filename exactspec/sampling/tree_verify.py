@@ -5,8 +5,10 @@ root to the **terminal** node t (the last accepted node; the root itself when no
 extra token is emitted, drawn from t's residual: a **recovered** token when some child of t was
 rejected, the **bonus** token p(. | t) at a leaf. Each row emits depth(t) + 1 tokens.
 
-Two stages, as in `verify`: `tree_acceptance_law` computes exactly the law of t and, for every
-possible t, the weights of the extra token; `TreeLaw.draw` draws from it with float64 uniforms.
+Two stages, as for chains: a law function (`rule_law`, `greedy_tree_law`) computes exactly the
+law of t and, for every possible t, the weights of the extra token; `TreeLaw.draw` draws from it
+with float64 uniforms. Which rule a method name means is `exactspec.sampling.methods`; the entry
+points `tree_acceptance_law` / `verify_tree` are in `exactspec.sampling.verify`.
 The audit enumerates the law; the statistical tests check the draws.
 
 The scan. Every node i is tried against its parent's current state (w, P): P is what the next
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from exactspec.errors import InvalidType, InvalidValue
+from exactspec.sampling.checks import check_distribution
 from exactspec.sampling.streams import (
     DOMAIN_ACCEPT,
     DOMAIN_RESAMPLE,
@@ -51,8 +54,6 @@ from exactspec.sampling.streams import (
     uniforms,
 )
 from exactspec.sampling.tree import DraftTree
-
-TREE_METHODS = ("token", "traversal", "greedy")
 
 Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
                 tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -109,8 +110,6 @@ class TreeLaw:
         last child, or p after t (the bonus) when t has no children; p if no mass is left."""
         rows = torch.arange(t.shape[0], device=t.device)
         p_t = self.target_probs[rows, t]  # [B, V] a copy
-        if self.method == "greedy":
-            return torch.nn.functional.one_hot(p_t.argmax(-1), p_t.shape[-1]).to(p_t.dtype)
         if self.failed is None or not self.failed.shape[1]:
             return p_t
         last = self.tree.shape.last_child[rows, t]  # [B]
@@ -124,19 +123,21 @@ class TreeLaw:
         return torch.stack([self.residual(torch.full((bsz,), t, dtype=torch.long, device=dev))
                             for t in range(n1)], 1)
 
-    def draw(self, generator: Randomness = None) -> TreeVerdict:
+    def choose(self, generator: Randomness) -> tuple[torch.Tensor, torch.Tensor]:  # [B], [B]
         """One float64 uniform picks t from its law, one more the extra token (inverse CDF)."""
         bsz = self.terminal_probs.shape[0]
         dev = self.terminal_probs.device
+        u = uniforms(generator, bsz, 2, DOMAIN_ACCEPT, dev)  # [B, 2], as verify draws
+        t = sample_from_weights(self.terminal_probs, u[:, 0])
+        v = uniforms(generator, bsz, 1, DOMAIN_RESAMPLE, dev)[:, 0]
+        return t, sample_from_weights(self.residual(t), v)
+
+    def draw(self, generator: Randomness = None) -> TreeVerdict:
+        """The accepted path and the extra token, as a TreeVerdict."""
+        t, extra = self.choose(generator)
+        bsz = self.terminal_probs.shape[0]
+        dev = self.terminal_probs.device
         rows = torch.arange(bsz, device=dev)
-        if self.method == "greedy":
-            t = self.terminal_probs.argmax(-1)
-            extra = self.target_probs[rows, t].argmax(-1)
-        else:
-            u = uniforms(generator, bsz, 2, DOMAIN_ACCEPT, dev)  # [B, 2], as verify draws
-            t = sample_from_weights(self.terminal_probs, u[:, 0])
-            v = uniforms(generator, bsz, 1, DOMAIN_RESAMPLE, dev)[:, 0]
-            extra = sample_from_weights(self.residual(t), v)
         path = self.tree.shape.paths()[rows, t]  # [B, N]
         n = (path >= 0).long().sum(1)
         k = self.tree.num_nodes
@@ -144,6 +145,19 @@ class TreeLaw:
         tokens[:, :k] = torch.where(path >= 0, self.tree.tokens.gather(1, path.clamp(min=0)), -1)
         tokens[rows, n] = extra
         return TreeVerdict(tokens=tokens, path=path, num_accepted=n)
+
+
+class GreedyTreeLaw(TreeLaw):
+    """Greedy tree verification: t and the extra token are certain (no uniform is drawn)."""
+
+    def residual(self, t: torch.Tensor) -> torch.Tensor:  # t [B] -> [B, V] one-hot at argmax
+        p_t = self.target_probs[torch.arange(t.shape[0], device=t.device), t]  # [B, V]
+        return torch.nn.functional.one_hot(p_t.argmax(-1), p_t.shape[-1]).to(p_t.dtype)
+
+    def choose(self, generator: Randomness) -> tuple[torch.Tensor, torch.Tensor]:
+        t = self.terminal_probs.argmax(-1)
+        rows = torch.arange(t.shape[0], device=t.device)
+        return t, self.target_probs[rows, t].argmax(-1)
 
 
 def _ratio(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,44 +184,6 @@ def traversal_step(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor, x: torch.T
 
 RULES = {"token": SiblingRule("token", token_step, False),
          "traversal": SiblingRule("traversal", traversal_step, True)}
-
-
-def tree_acceptance_law(
-    target_probs: torch.Tensor,  # [B, N+1, V]: p after the root, then after each node
-    tree: DraftTree,
-    *,
-    method: str = "token",
-    check: bool = True,
-) -> TreeLaw:
-    """Validate the inputs and compute the exact law of the terminal node for `method`.
-
-    See the module docstring for the formulas. `check=False` skips the O(B N V) validation of
-    the probabilities (shapes, ids and q(x) > 0 are always checked).
-    """
-    if method not in TREE_METHODS:
-        hint = " (block verification on trees is 'traversal')" if method == "block" else ""
-        raise InvalidValue(f"verify method {method!r} is not a tree method{hint}; choose one of "
-                           f"{', '.join(TREE_METHODS)}")
-    if method == "greedy":
-        _check_inputs(target_probs, tree, values=check)
-        return _greedy_law(target_probs, tree)
-    return rule_law(RULES[method], target_probs, tree, check=check)
-
-
-def verify_tree(
-    target_probs: torch.Tensor,  # [B, N+1, V]
-    tree: DraftTree,
-    *,
-    method: str = "token",
-    generator: Randomness = None,
-    check: bool = True,
-) -> TreeVerdict:
-    """Keep a root-to-node path of the tree and emit one more token; lossless for "token" and
-    "traversal" whatever the sibling kind. On a chain, the same law as `verify` ("traversal" is
-    "block"); "token" and "greedy" also give the same tokens for the same randomness.
-    """
-    law = tree_acceptance_law(target_probs, tree, method=method, check=check)
-    return law.draw(generator)
 
 
 def conditional_q(tree: DraftTree, b: torch.Tensor, i: torch.Tensor, dtype: torch.dtype,
@@ -301,8 +277,9 @@ def _post_order_law(final: torch.Tensor, shape) -> torch.Tensor:  # [B, N+1] flo
     return torch.cat([(1.0 - f).prod(-1, keepdim=True), nodes], 1)
 
 
-def _greedy_law(p: torch.Tensor, tree: DraftTree) -> TreeLaw:
+def greedy_tree_law(p: torch.Tensor, tree: DraftTree, *, check: bool = True) -> TreeLaw:
     """Follow argmax p through the tree (ties to the lowest id, the first matching sibling)."""
+    _check_inputs(p, tree, values=check)
     shape = tree.shape
     bsz, n = tree.tokens.shape
     top = p.argmax(-1)  # [B, N+1]
@@ -313,7 +290,7 @@ def _greedy_law(p: torch.Tensor, tree: DraftTree) -> TreeLaw:
     t = torch.where(on.any(-1), deepest.argmax(-1) + 1, 0) if n else \
         torch.zeros(bsz, dtype=torch.long, device=p.device)
     probs = torch.nn.functional.one_hot(t, n + 1).to(torch.float64)
-    return TreeLaw("greedy", probs, p, tree, None)
+    return GreedyTreeLaw("greedy", probs, p, tree, None)
 
 
 def _zero_q_message(kind: str) -> str:
@@ -346,23 +323,8 @@ def _check_inputs(p: torch.Tensor, tree: DraftTree, *, values: bool) -> None:
     if not values:
         return
     valid = tree.shape.valid
-    tol = 1e-2 if p.dtype in (torch.float16, torch.bfloat16) else 1e-4
     used = torch.cat([torch.ones(bsz, 1, dtype=torch.bool, device=p.device), valid], 1)
-    _check_distribution(p, used, "target_probs", tol)
+    check_distribution(p, used, "target_probs")
     if q is not None:
-        _check_distribution(q, valid, "draft_probs", tol)
+        check_distribution(q, valid, "draft_probs")
 
-
-def _check_distribution(t: torch.Tensor, used: torch.Tensor, name: str, tol: float) -> None:
-    """Finite, non-negative and summing to 1 at the used positions."""
-    sums = t.sum(-1)[used]
-    if sums.numel() == 0:
-        return
-    if not torch.isfinite(sums).all():
-        raise InvalidValue(f"{name} contains NaN or inf")
-    if (t.amin(-1)[used] < 0).any():
-        raise InvalidValue(f"{name} contains negative probabilities")
-    err = (sums.to(torch.float64) - 1.0).abs().max()
-    if err > tol:
-        raise InvalidValue(f"{name} rows must sum to 1 (off by {float(err):.3g}, tolerance "
-                           f"{tol}); pass probabilities from probs_from_logits, not logits")
