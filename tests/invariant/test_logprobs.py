@@ -61,7 +61,7 @@ def equal_rows(gens, lp) -> list[bool]:
 
 DRAFTERS = {
     "plain": lambda d: None,
-    "int8-chain": lambda d: QuantizedDraft(8),
+    "int8-chain": lambda d: QuantizedDraft(8, backend="torch"),
     "draft-chain": lambda d: DraftModel(d),
     "draft-tree": lambda d: DraftModel(d, tree=(2, 2, 1)),
 }
@@ -88,7 +88,7 @@ def test_trainer_logprobs_equal_the_rollouts_bit_for_bit(target, draft, drafter,
 def test_without_the_mode_the_trainer_disagrees(target, draft):
     """The power of the tests above: the same rollouts scored by transformers' ordinary
     forward differ from the engine's logprobs (by float rounding, ~1e-6)."""
-    gens, seqs = rollouts(target, PROMPTS, QuantizedDraft(8), T1)
+    gens, seqs = rollouts(target, PROMPTS, QuantizedDraft(8, backend="torch"), T1)
     plain = scored(target, seqs, PROMPTS, T1, invariant=False)
     assert not any(equal_rows(gens, plain))
     close = [torch.allclose(plain[i, : len(g.logprobs)], torch.tensor(g.logprobs), atol=1e-4)
@@ -120,7 +120,8 @@ def test_after_update_weights_and_with_the_engine_flag(target):
     """Engine(batch_invariant=True) rollouts after update_weights equal the trainer's
     logprobs under the new weights (and not under the old ones)."""
     policy = tiny_llama(0, hidden=64, head_scale=5.0)
-    engine = es.Engine(policy, QuantizedDraft(8), T1, max_new_tokens=12, batch_invariant=True)
+    engine = es.Engine(policy, QuantizedDraft(8, backend="torch"), T1, max_new_tokens=12,
+                       batch_invariant=True)
     new = perturbed(policy, 0.2, seed=5)
     engine.update_weights(new.state_dict())
     out = engine.generate(PROMPTS, n=2, params=es.SamplingParams(seed=4))
@@ -134,7 +135,7 @@ def test_after_update_weights_and_with_the_engine_flag(target):
 
 def test_greedy_rollouts_score_zero(target):
     params = es.SamplingParams(temperature=0.0)
-    gens, seqs = rollouts(target, PROMPTS, QuantizedDraft(8), params)
+    gens, seqs = rollouts(target, PROMPTS, QuantizedDraft(8, backend="torch"), params)
     lp = scored(target, seqs, PROMPTS, params)
     assert all(equal_rows(gens, lp)) and bool((lp == 0).all())
 
