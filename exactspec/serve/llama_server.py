@@ -6,7 +6,8 @@ table when it can: the optional package llama-cpp-python with its server extra's
 and a GGUF file of the served model (an embedded model's own GGUF, or --model FILE.gguf).
 It runs as a subprocess on 127.0.0.1 and a free port, with the same thread count. Note it
 decodes one request at a time (no continuous batching): queued requests wait, which its TTFT
-at several streams shows.
+at several streams shows (started with --interrupt_requests False: by default a new request
+cuts the running one short, which would count as few tokens, not as a slower server).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import importlib.util
 import logging
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -60,17 +62,22 @@ class LlamaServer:
         self.url = f"http://127.0.0.1:{self.port}"  # base URL
         self.cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host",
                     "127.0.0.1", "--port", str(self.port), "--n_threads", str(threads),
-                    "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx)]
+                    "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
+                    # by default a new request cuts the running one short; queue them instead
+                    "--interrupt_requests", "False"]
         self.start_timeout = start_timeout  # seconds to wait for /v1/models
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | None = None  # the server process, once started
+        self.log = None  # its output file, once started
 
     def __enter__(self) -> LlamaServer:
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
+        # its log goes to a file: llama.cpp writes more than a pipe holds, then blocks
+        self.log = tempfile.TemporaryFile()  # the server's stdout and stderr
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
         end = time.monotonic() + self.start_timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace")[-400:]
+                self.log.seek(0)
+                err = self.log.read().decode(errors="replace")[-400:]
                 raise RuntimeError(f"the llama.cpp server exited with {self.proc.returncode}: "
                                    f"{err}")
             try:
@@ -90,3 +97,5 @@ class LlamaServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+        if getattr(self, "log", None) is not None:
+            self.log.close()
