@@ -215,3 +215,25 @@ def test_linear_residual_is_the_same_bits_as_adding_afterwards(isa):
     x, r = torch.randn(5, 70, generator=g), torch.randn(5, 40, generator=g)
     w = torch.randn(40, 70, generator=g)
     assert torch.equal(kernels.linear(x, [w], None, r), r + kernels.linear(x, [w]))
+
+
+def test_operators_pass_torch_library_opcheck():
+    """Schemas, fake (meta) implementations and AOT dispatch agree with the CPU kernels, so the
+    operators compose with the rest of torch (torch.compile's fake tensors included)."""
+    ops = torch.ops.exactspec
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(3, 40, generator=g)
+    q8 = torch.randint(-5, 5, (6, 40), dtype=torch.int8, generator=g)
+    cases = [
+        (ops.linear.default, (x, [torch.randn(8, 40), torch.randn(4, 40)], None, None)),
+        (ops.linear.default, (x, [q8], torch.rand(6), torch.randn(3, 6))),
+        (ops.rms_norm.default, (x, torch.randn(40), 1e-5)),
+        (ops.silu_mul.default, (x,)),
+        (ops.rope_.default, (torch.randn(3, 48), torch.randn(3, 16), torch.randn(3, 16), 2)),
+        (ops.attention.default, (torch.randn(1, 2, 4, 16), torch.randn(1, 2, 5, 16),
+                                 torch.randn(1, 2, 5, 16), torch.ones(1, 1, 2, 5, dtype=torch.bool),
+                                 0.25)),
+    ]
+    for op, args in cases:
+        result = torch.library.opcheck(op, args)
+        assert set(result.values()) == {"SUCCESS"}, (op, result)
