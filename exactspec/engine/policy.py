@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import collections
+import statistics
+
 import torch
 
 AUTO_MAX_DRAFT = 8  # the longest draft "auto" proposes
 AUTO_PROBE_EVERY = 8  # a batch that stopped drafting still drafts one token after this many steps
 AUTO_PROBE_MAX = 64  # ... the gap doubling while the answer stays plain, up to this
+AUTO_COST_WINDOW = 9  # a cost estimate is the median of this many latest measurements
 
 
 def expected_tokens(alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -40,9 +44,11 @@ class DraftLengthPolicy:
     measured at the same B by a model of cost against tokens B * w (piecewise linear through
     every measurement, extended by its end segments; with one measurement t0 * (0.5 + 0.5
     n / n0)), or read from that model alone. draft_cost(B) (seconds per draft position) the
-    same way along B. Exploration: K = 0 still drafts one token every `probe` steps (doubling,
-    up to AUTO_PROBE_MAX, while the answer stays 0) so that acceptance estimates keep up, and
-    a drafting batch takes one plain step at a row count whose plain cost was never measured.
+    same way along B. Exploration: K = 0 still drafts one token for two steps every `probe`
+    steps (doubling, up to AUTO_PROBE_MAX, while the answer stays 0) so that the acceptance
+    and draft cost estimates keep up (the first step's draft also catches up on the skipped
+    tokens; the second is measured), and a drafting batch takes one plain step at a row count
+    whose plain cost was never measured.
     """
 
     def __init__(self, num_draft_tokens: int | str, num_rows: int) -> None:
@@ -56,6 +62,8 @@ class DraftLengthPolicy:
         self.probe = AUTO_PROBE_EVERY  # steps between probes while K = 0 is chosen
         self._since_probe = 0  # K = 0 steps since the last probe
         self._observations: dict = {}  # "draft" / width -> measurements taken so far
+        self._windows: dict = {}  # ("draft", rows) / (rows, width) -> recent measurements
+        self._probing = 0  # drafting steps left in the current probe
         self._drafted_last = True  # whether the previous step drafted (no catch-up pending)
 
     def choose(self, room: torch.Tensor | None = None,
@@ -77,14 +85,18 @@ class DraftLengthPolicy:
             [self._target_cost(rows, int(w) + 1) for w in width], dtype=torch.float64)  # [Kc]
         tokens = expected_tokens(alpha[:, None].double(), per_row.double()).sum(0)  # [Kc]
         k = int((tokens / cost).argmax())
-        if k == 0:
+        if k == 0 and self._probing:  # a probe's second step: the one whose cost counts
+            self._probing -= 1
+            k = 1
+        elif k == 0:
             self._since_probe += 1
             if self._since_probe >= self.probe:  # a probe: one draft, acceptance keeps up
                 self._since_probe = 0
                 self.probe = min(2 * self.probe, AUTO_PROBE_MAX)
+                self._probing = 1
                 k = 1
         else:
-            self.probe, self._since_probe = AUTO_PROBE_EVERY, 0
+            self.probe, self._since_probe, self._probing = AUTO_PROBE_EVERY, 0, 0
             near = any(w == 1 and abs(b - rows) <= rows // 4 for b, w in self.target_cost)
             if not near and self.steps % AUTO_PROBE_EVERY == 0:
                 k = 0  # plain's cost at this many rows is still a guess: measure it once
@@ -119,28 +131,34 @@ class DraftLengthPolicy:
 
     def observe_costs(self, draft_seconds: float, num_draft: int, target_seconds: float,
                       width: int, rows: int = 1) -> None:
-        """One step's measured costs at `rows` rows. Two one-off costs are kept out of the
-        estimates: the first measurement of drafting and of each width is dropped (first
-        calls pay for allocation and lazy set-up: a float32 target's first one-row step builds
-        its one-row weight copy, 974 ms against 45 ms, after which auto never chose plain
-        steps again; llama.cpp's first draft took 90 ms a token against 12), and a drafting
-        step right after a step without drafts or an admission is not counted (the drafter
-        then also catches up on every token it skipped, or prefills the new rows)."""
+        """One step's measured costs at `rows` rows; an estimate is the median of its last
+        AUTO_COST_WINDOW measurements (one slow step on a busy machine moved an average for
+        many steps: a mean of 0.43 s per llama.cpp draft token, 12 ms when idle, held auto at
+        plain decoding for a whole answer). Two one-off costs are kept out: the first
+        measurement of drafting and of each width is dropped (first calls pay for allocation
+        and lazy set-up: a float32 target's first one-row step builds its one-row weight copy,
+        974 ms against 45 ms), and a drafting step right after a step without drafts or an
+        admission is not counted (the drafter then also catches up on every token it skipped,
+        or prefills the new rows); a probe therefore drafts two steps in a row."""
         if num_draft > 0 and self._drafted_last:
-            cost = self._ema(self.draft_cost.get(rows), draft_seconds / num_draft, "draft")
+            cost = self._median(("draft", rows), draft_seconds / num_draft, "draft")
             if cost is not None:
                 self.draft_cost[rows] = cost
         self._drafted_last = num_draft > 0
-        cost = self._ema(self.target_cost.get((rows, width)), target_seconds, width)
+        cost = self._median((rows, width), target_seconds, width)
         if cost is not None:
             self.target_cost[(rows, width)] = cost
 
-    def _ema(self, old: float | None, new: float, key) -> float | None:
-        seen = self._observations.get(key, 0)
-        self._observations[key] = seen + 1
+    def _median(self, key, value: float, first) -> float | None:
+        """Record `value` under `key`; the median of its window, or None while `first` (a
+        quantity) has no measurement but its dropped first one."""
+        seen = self._observations.get(first, 0)
+        self._observations[first] = seen + 1
         if seen == 0:
-            return old  # the first measurement of a quantity is dropped
-        return new if old is None else 0.8 * old + 0.2 * new
+            return None  # the first measurement of a quantity is dropped
+        window = self._windows.setdefault(key, collections.deque(maxlen=AUTO_COST_WINDOW))
+        window.append(value)
+        return statistics.median(window)
 
     def admit(self, num_rows: int) -> None:
         """Append `num_rows` new rows with no observations yet."""
