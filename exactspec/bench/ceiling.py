@@ -38,6 +38,8 @@ class ScriptedDrafter:
     right and the others wrong (the right token + 1). `inner`: a real drafter run first for its
     cost only (its proposals are discarded)."""
 
+    standardized_q = True  # point masses, not re-checked (base.trusts_q)
+
     def __init__(self, replies: list[list[int]], right: int, vocab: int, inner=None) -> None:
         self.replies = [torch.tensor(r, dtype=torch.long) for r in replies]
         self.right, self.vocab, self.inner = right, vocab, inner

@@ -274,7 +274,7 @@ def _tree_kwargs(spec: EngineSpec) -> dict:
 
 def _matches(spec: EngineSpec, word: str, example: str) -> tuple[int, int]:
     """(M, D) of a point-mass tree spelled '<word> tree MxD', tree (M, 1, ..., 1), M >= 2."""
-    m, *rest = spec.tree if isinstance(spec.tree, tuple) else (0,)
+    m, *rest = spec.tree if spec.tree.fixed else (0,)
     if m < 2 or any(b != 1 for b in rest):
         raise InvalidValue(f"{spec.name!r}: a {word} tree is M branches of depth D, tree "
                            f"(M, 1, ..., 1) with M >= 2, not {spec.tree}; spell it "

@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from exactspec.bench.table import render_table
+from exactspec.bench.tree_report import format_trees, plot_trees
+
 
 def _f(x, fmt: str = "{:.2f}", none: str = "-") -> str:
     return none if x is None else fmt.format(x)
@@ -41,7 +44,7 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
 def format_table(rows: list[dict], *, markdown: bool = False,
                  columns: list[str] | None = None) -> str:
     """Rows of the result JSON as an aligned text table, or a markdown one."""
-    return _render(columns or COLUMNS, table_rows(rows), markdown)
+    return render_table(columns or COLUMNS, table_rows(rows), markdown)
 
 
 def _geomean(xs: list[float]) -> float | None:
@@ -66,19 +69,7 @@ def format_summary(result: dict, mode: str, *, markdown: bool = False) -> str:
                      _f(_geomean([r.get("ratio_to_counterpart") for r in mine.values()])),
                      _f(sum(lens) / len(lens) if lens else None),
                      _f(sum(bws) / len(bws) if bws else None, "{:.0%}")])
-    return _render(cols, body, markdown)
-
-
-def _render(cols: list[str], body: list[list[str]], markdown: bool) -> str:
-    if markdown:
-        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
-    widths = [max(len(c), *(len(r[i]) for r in body)) if body else len(c)
-              for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in body]
-    return "\n".join(lines)
+    return render_table(cols, body, markdown)
 
 
 def format_report(result: dict, *, markdown: bool = False) -> str:
@@ -118,8 +109,6 @@ def format_report(result: dict, *, markdown: bool = False) -> str:
                      "selected workload in turn), tok/s of the whole batch:")
         parts.append(format_table(result["batch"], markdown=markdown))
     if result.get("trees"):
-        from exactspec.bench.tree_report import format_trees
-
         parts.append(format_trees(result["trees"], markdown=markdown))
     parts.append("bw: weight bytes one target step reads / its time, over the read bandwidth "
                  "measured above (exactspec and llama.cpp: target forward time per forward, a "
@@ -234,8 +223,6 @@ def write_plots(result: dict, out_dir: str | Path) -> list[Path]:
     paths.append(out / "acceptance_by_position.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
-    from exactspec.bench.tree_report import plot_trees
-
     trees = plot_trees(result, out)
     return paths + ([trees] if trees else [])
 

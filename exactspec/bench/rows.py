@@ -6,6 +6,7 @@ import statistics
 
 from exactspec.bench.figures import analytic_bound, fit_alpha
 from exactspec.bench.specs import EngineSpec, Run, add_counts
+from exactspec.engine.results import mean_acceptance_length
 
 
 def _median(xs: list[float]) -> float:
@@ -78,7 +79,7 @@ def engine_row(spec: EngineSpec, mode: str, workload: str, rounds: list[list[Run
                    verify_share_of_step=None, acceptance_by_position=None,
                    accepted_per_position=None, drafted_per_position=None)
         return row
-    mean_len = tokens / steps if steps else 0.0
+    mean_len = mean_acceptance_length(tokens, steps)
     mean_k = drafted / steps if steps else 0.0  # a tree's: nodes drafted per step
     alpha = fit_alpha(mean_len, mean_k)
     c = None

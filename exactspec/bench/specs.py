@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from exactspec.drafters.dynamic_tree import DynamicTree
-from exactspec.sampling import SamplingParams, branching_parents
+from exactspec.drafters.base import TreeSpec
+from exactspec.drafters.tree_shape import as_tree
+from exactspec.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -47,18 +48,19 @@ class EngineSpec:
     # a token tree: branching per depth (exactspec/drafters/tree_draft.py; prompt lookup's
     # M branches of depth D are (M, 1, ..., 1)) or an EAGLE-2 DynamicTree (node budget);
     # None: chains of k tokens
-    tree: tuple[int, ...] | DynamicTree | None = None
+    tree: TreeSpec | tuple[int, ...] | None = None  # a tuple is read as a Branching
     siblings: str = "without_replacement"  # how a sampled tree's siblings are drawn
     weights: str | None = None  # llama.cpp's GGUF type ("f32", "q8_0", "q4_1"); None otherwise
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tree", as_tree(self.tree))
 
     @property
     def draft_nodes(self) -> int | None:
         """Draft positions the target scores per step (tree nodes, a dynamic tree's node
         budget, or K); None for auto."""
-        if isinstance(self.tree, DynamicTree):
-            return self.tree.node_budget
         if self.tree is not None:
-            return len(branching_parents(self.tree))
+            return self.tree.node_budget
         return self.k if isinstance(self.k, int) else None
 
     @property
@@ -72,15 +74,11 @@ class EngineSpec:
     def draft_forwards(self) -> int | None:
         """Drafter calls per step: one per tree depth (a dynamic tree's deepest), one per
         chain token (K)."""
-        if isinstance(self.tree, DynamicTree):
-            return self.tree.max_depth
-        return len(self.tree) if self.tree is not None else self.draft_nodes
+        return self.tree.depth if self.tree is not None else self.draft_nodes
 
     def tree_json(self) -> list[int] | dict | None:
         """The tree for the result JSON: the branching list, or a dynamic tree's fields."""
-        if isinstance(self.tree, DynamicTree):
-            return asdict(self.tree)
-        return list(self.tree) if self.tree is not None else None
+        return self.tree.as_json() if self.tree is not None else None
 
 
 @dataclass

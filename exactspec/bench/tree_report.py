@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from exactspec.bench.table import render_table
+
 COLUMNS = ["engine", "mode", "group", "width", "scored", "draft fwd", "acc len", "nodes/step",
            "tok/s", "x plain", "w run", "w(scored)", "c/fwd", "draft/step", "predicted",
            "vs chain acc", "vs chain speed"]
@@ -38,15 +40,13 @@ def tree_table_rows(rows: list[dict]) -> list[list[str]]:
 
 def format_trees(trees: dict, *, markdown: bool = False) -> str:
     """The tree table with its probe line and the column notes."""
-    from exactspec.bench.report import _render
-
     wc = trees["width_cost"]
     probe = ", ".join(f"w({k})={v:.2f}" for k, v in sorted(wc["w"].items(), key=lambda kv:
                                                              int(kv[0])))
     head = (f"trees against chains at equal verify width (width-cost probe: batch "
             f"{wc['batch']}, {wc['context']} cached tokens, t(1) = {wc['ms'][_key(wc, 1)]:.1f} "
             f"ms; {probe}):")
-    return "\n\n".join([head, _render(COLUMNS, tree_table_rows(trees["rows"]), markdown), NOTE])
+    return "\n\n".join([head, render_table(COLUMNS, tree_table_rows(trees["rows"]), markdown), NOTE])
 
 
 def _key(wc: dict, width: int):

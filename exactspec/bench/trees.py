@@ -25,9 +25,10 @@ import math
 import re
 
 from exactspec.bench.engines import EngineSpec
-from exactspec.drafters.dynamic_tree import DynamicTree
+from exactspec.drafters.base import TreeSpec
+from exactspec.drafters.tree_shape import DynamicTree, as_tree
 
-Tree = tuple[int, ...] | DynamicTree  # a fixed branching per depth, or a node budget
+Tree = TreeSpec | tuple[int, ...]  # a fixed branching per depth, or a dynamic tree
 
 # drafter key (EngineSpec.drafter) -> the words engine names use for it
 DRAFTER_WORDS = {"eagle": "eagle", "lookup": "lookup", "suffix": "suffix", "draft": "draft",
@@ -55,11 +56,8 @@ _NAME = re.compile(
 
 def shape_text(drafter: str, tree: Tree) -> str:
     """'4,1,1,1', a lookup tree's '3x4', a dynamic tree's 'dynamic:16' (or :BUDGET:K:DEPTH)."""
-    if isinstance(tree, DynamicTree):
-        plain = tree == DynamicTree(tree.node_budget)  # the default top_k and depth
-        tail = "" if plain else f":{tree.top_k}:{tree.max_depth}"
-        return f"dynamic:{tree.node_budget}{tail}"
-    return f"{tree[0]}x{len(tree)}" if drafter in MATCH_TREES else ",".join(map(str, tree))
+    tree = as_tree(tree)
+    return f"{tree[0]}x{len(tree)}" if drafter in MATCH_TREES and tree.fixed else tree.text()
 
 
 def tree_name(drafter: str, tree: Tree, siblings: str = "without_replacement",
@@ -75,7 +73,7 @@ def tree_spec(drafter: str, tree: Tree, *, siblings: str = "without_replacement"
               verify: str = "token") -> EngineSpec:
     """A tree engine. Variants of the default (other siblings, traversal) run in sampling
     modes only: greedy rows always take the top-k and follow argmax p, so they are the same."""
-    tree = tree if isinstance(tree, DynamicTree) else tuple(tree)
+    tree = as_tree(tree)
     return EngineSpec(tree_name(drafter, tree, siblings, verify), "exactspec", drafter, 0,
                       verify, tree=tree, siblings=siblings,
                       sampling_only=verify != "token" or siblings != "without_replacement")
@@ -117,7 +115,7 @@ def engine_from_name(text: str) -> EngineSpec | None:
     elif m["dyn"] is not None:
         if drafter in MATCH_TREES:
             return None
-        tree = DynamicTree() if m["dyn"] == "dynamic" else DynamicTree.parse(m["dyn"])
+        tree = as_tree(m["dyn"])
     else:
         tree = tuple(int(b) for b in m["tree"].split(","))
     return tree_spec(drafter, tree, siblings=m["sib"] or "without_replacement",

@@ -1,14 +1,48 @@
-"""Drafters behind one small Protocol (see `exactspec.drafters.base`)."""
+"""Drafters behind one small Protocol (see `exactspec.drafters.base`; trees: `tree_shape`):
+draft models (`draft_model`, `quantized`, `gguf_draft`, `cross_vocab`), EAGLE-style heads
+(`eagle`, `eagle_head`, `eagle_tree`), point-mass drafters (`prompt_lookup`, `suffix`), how
+trees grow (`tree_draft`, `dynamic_tree`, `siblings`), and `registry`: one table from a
+drafter's name and options (the command line's flags) to its constructor.
 
-from exactspec.drafters.base import DraftContext, Drafter, TargetInfo
-from exactspec.drafters.cross_vocab import CrossVocabDraft
-from exactspec.drafters.draft_model import DraftModel
-from exactspec.drafters.dynamic_tree import DynamicTree
-from exactspec.drafters.eagle import EagleDrafter, load_drafter
-from exactspec.drafters.prompt_lookup import PromptLookup
-from exactspec.drafters.quantized import QuantizedDraft
-from exactspec.drafters.suffix import SuffixDrafter
+Names are imported on first use (PEP 562), so the command line can read the registry's flags
+without importing torch.
+"""
 
-__all__ = ["CrossVocabDraft", "DraftContext", "DraftModel", "Drafter", "DynamicTree",
-           "EagleDrafter",
-           "PromptLookup", "QuantizedDraft", "SuffixDrafter", "TargetInfo", "load_drafter"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# public name -> module defining it; imported when the name is first used
+_LAZY: dict[str, str] = {
+    "Branching": "exactspec.drafters.tree_shape",
+    "CrossVocabDraft": "exactspec.drafters.cross_vocab",
+    "DraftContext": "exactspec.drafters.base",
+    "DraftModel": "exactspec.drafters.draft_model",
+    "Drafter": "exactspec.drafters.base",
+    "DynamicTree": "exactspec.drafters.tree_shape",
+    "EagleDrafter": "exactspec.drafters.eagle",
+    "PromptLookup": "exactspec.drafters.prompt_lookup",
+    "QuantizedDraft": "exactspec.drafters.quantized",
+    "SuffixDrafter": "exactspec.drafters.suffix",
+    "TargetInfo": "exactspec.drafters.base",
+    "TreeDrafter": "exactspec.drafters.base",
+    "TreeSpec": "exactspec.drafters.base",
+    "load_drafter": "exactspec.drafters.eagle",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module defining `name` on first use and cache the value here."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'exactspec.drafters' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

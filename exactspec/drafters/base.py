@@ -27,6 +27,15 @@ Every drafter declares `hidden_layers`: None when it needs no target features, e
 indices into transformers' `hidden_states` (EAGLE-style heads); the engine then fills
 `DraftContext.hidden` from the target's own prefill and verification forwards, at no extra cost.
 
+Trees. A drafter that can propose token trees is a `TreeDrafter`: it declares `tree` (a
+`TreeSpec`: a fixed `Branching` per depth or a `DynamicTree`, exactspec.drafters.tree_shape;
+None while it drafts chains), `siblings` (how a node's children are drawn, SIBLING_KINDS) and
+`propose_tree`. The engine reads nothing else from it.
+
+Trust. The engine validates a drafter's q at every step unless the drafter's own class
+declares `standardized_q = True` (q made by `DraftContext.standardize` / probs_from_logits, or
+point masses); a subclass must declare it again, since it may change how q is made.
+
 Rows may carry different SamplingParams (`DraftContext.row_params`); `context.params` is the
 shared one only when every row has the same law. Standardize q with `context.standardize`, which
 applies each row's own parameters and history exactly as the engine does for p.
@@ -35,17 +44,17 @@ applies each row's own parameters and history exactly as the engine does for p.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from exactspec.sampling import RowStreams, SamplingParams
+from exactspec.sampling import DraftTree, RowStreams, SamplingParams
 from exactspec.sampling.history import history as token_history
 from exactspec.sampling.history import prefix_history
 from exactspec.sampling.standardize import probs_from_logits_rows
 
-__all__ = ["AdmitsRows", "DraftContext", "Drafter", "TargetInfo", "admit_rows",
-           "empty_proposal", "history", "prefix_history", "rows_of"]
+__all__ = ["AdmitsRows", "DraftContext", "Drafter", "TargetInfo", "TreeDrafter", "TreeSpec",
+           "admit_rows", "empty_proposal", "history", "prefix_history", "rows_of", "trusts_q"]
 
 
 @dataclass
@@ -118,6 +127,49 @@ class Drafter(Protocol):
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only `rows` ([R] long indices into the current batch), in that order."""
+
+
+@runtime_checkable
+class TreeSpec(Protocol):
+    """The shape of a drafter's token tree (exactspec.drafters.tree_shape: Branching,
+    DynamicTree)."""
+
+    # True: the layout of the nodes is fixed before anything is drawn (a branching per depth);
+    # False: the nodes kept depend on the draft (a dynamic tree), which traversal verification
+    # accepts only when nothing is drawn (siblings "deterministic")
+    fixed: ClassVar[bool]
+
+    @property
+    def node_budget(self) -> int:
+        """The most nodes one tree holds (the target scores node_budget + 1 positions)."""
+
+    @property
+    def depth(self) -> int:
+        """The deepest node's depth (draft forwards per step)."""
+
+    def text(self) -> str:
+        """The CLI's spelling: '3,2,1', 'dynamic:16'."""
+
+    def as_json(self) -> list[int] | dict:
+        """The shape for a result file: the branching list, or a dynamic tree's fields."""
+
+
+@runtime_checkable
+class TreeDrafter(Protocol):
+    """A drafter that can propose token trees (see the module docstring)."""
+
+    tree: TreeSpec | tuple[int, ...] | None  # None: drafting chains now; a tuple is a Branching
+    siblings: str  # how children are drawn: "iid" | "without_replacement" | "deterministic"
+
+    def propose_tree(self, context: DraftContext,
+                     max_depth: torch.Tensor) -> DraftTree:  # max_depth [B] long
+        """A tree per row, no node deeper than max_depth[b]; q of every node (or point masses)."""
+
+
+def trusts_q(drafter) -> bool:
+    """Whether the engine may skip validating `drafter`'s q: its own class (not a parent)
+    declares `standardized_q = True`."""
+    return vars(type(drafter)).get("standardized_q", False) is True
 
 
 @runtime_checkable

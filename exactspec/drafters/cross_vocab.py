@@ -35,6 +35,8 @@ class CrossVocabDraft:
     `tokenizer=`. lookbehind: target tokens of context re-tokenized with a SLEM draft's text.
     """
 
+    standardized_q = True  # q made by exactspec, not re-checked (base.trusts_q)
+
     hidden_layers = None  # needs no target features
 
     def __init__(self, model, *, tokenizer=None, lookbehind: int = 4) -> None:

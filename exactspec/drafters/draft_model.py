@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from exactspec.drafters.base import DraftContext, TargetInfo, empty_proposal
-from exactspec.drafters.tree_draft import check_tree, draft_model_tree
+from exactspec.drafters.tree_draft import draft_model_tree
+from exactspec.drafters.tree_shape import check_tree
 from exactspec.errors import InvalidValue
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import as_model
@@ -29,6 +30,8 @@ class DraftModel:
     `tree=DynamicTree(node_budget=16)` grows a dynamic tree where the draft is confident
     (EAGLE-2's top-k children with siblings="deterministic"; exactspec/drafters/dynamic_tree.py).
     """
+
+    standardized_q = True  # q from DraftContext.standardize, not re-checked (base.trusts_q)
 
     hidden_layers = None  # needs no target features
 

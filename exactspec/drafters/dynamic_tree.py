@@ -1,4 +1,5 @@
 """Dynamic token trees (EAGLE-2, arXiv 2406.16858): grown where the draft is confident.
+The shape's parameters are `DynamicTree` (exactspec.drafters.tree_shape); this is its growth.
 
 Growth. The root's children are the draft's top `top_k` tokens; at each further depth the
 `top_k` nodes of the previous depth with the highest **path score** (the product of the draft's
@@ -30,57 +31,21 @@ fixed shape; see engine/tree_step.py).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from exactspec.drafters.base import DraftContext
-from exactspec.errors import InvalidType, InvalidValue
+from exactspec.drafters.siblings import choose_children
+from exactspec.drafters.tree_shape import DynamicTree
 from exactspec.sampling import DOMAIN_DRAFT, DraftTree, uniforms
+
+__all__ = ["DynamicTree", "Expand", "grow", "grow_dynamic", "grow_sampled"]
 
 Expand = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], torch.Tensor]
 # expand(tokens [B, S] frontier tokens (-1 = dead slot), slots [M] frontier slots to run (all
 #   at `depth`), depth (1 = children of the root), ancestors [B, S, S] bool over frontier slots)
 #   -> the draft's logits after each of those slots [B, M, V]. Frontier slot (d - 1) * top_k + j
 #   is the j-th expanded node of depth d.
-
-
-@dataclass(frozen=True)
-class DynamicTree:
-    """How a dynamic tree grows: `drafter.tree = DynamicTree(node_budget=16)`."""
-
-    node_budget: int = 16  # nodes kept per step (the target verifies node_budget + 1 tokens)
-    top_k: int = 4  # children per expanded node, and nodes expanded per depth
-    max_depth: int = 6  # deepest node; the draft runs max_depth - 1 times after its root
-
-    def __post_init__(self) -> None:
-        for name in ("node_budget", "top_k", "max_depth"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidType(f"DynamicTree.{name} must be an int, got {value!r}")
-            if value < 1:
-                raise InvalidValue(f"DynamicTree.{name}={value} must be >= 1, e.g. "
-                                   "DynamicTree(node_budget=16, top_k=4, max_depth=6)")
-
-    @property
-    def num_candidates(self) -> int:
-        """Candidate nodes grown before the budget cut: top_k, then top_k**2 per depth."""
-        return self.top_k + (self.max_depth - 1) * self.top_k**2
-
-    @classmethod
-    def parse(cls, text: str) -> DynamicTree:
-        """'dynamic:16' or 'dynamic:16:4:6' (node_budget, top_k, max_depth)."""
-        head, _, rest = text.partition(":")
-        try:
-            if head != "dynamic" or not rest:
-                raise ValueError
-            values = [int(part) for part in rest.split(":")]
-            if len(values) > 3:
-                raise ValueError
-        except ValueError:
-            raise InvalidValue(f"{text!r}: expected dynamic:BUDGET[:TOP_K[:DEPTH]], e.g. "
-                               "dynamic:16 or dynamic:24:4:8") from None
-        return cls(*values)
 
 
 def grow(context: DraftContext, spec: DynamicTree, siblings: str, max_depth: torch.Tensor,
@@ -155,7 +120,6 @@ def _top_children(context: DraftContext, logits: torch.Tensor, paths: torch.Tens
     tokens [B, F, k] (-1 beyond q's support) and their ranking probabilities [B, F, k] float64.
     Greedy rows: q's argmax first, then the logits' order, ranked by the softmax of the
     logits; other rows: q's top-k, ranked by q."""
-    from exactspec.drafters.tree_draft import choose_children
 
     bsz, f, vocab = logits.shape
     flat = logits.reshape(bsz * f, vocab)
@@ -204,7 +168,6 @@ def grow_sampled(context: DraftContext, spec: DynamicTree, siblings: str,
                  expand: Expand) -> DraftTree:
     """A dynamic tree of sampled children (see the module docstring): at most top_k nodes per
     depth, node_budget in all; slots laid out depth by depth, so slot = frontier slot."""
-    from exactspec.drafters.tree_draft import choose_children
 
     dev = root_logits.device
     bsz, vocab = root_logits.shape

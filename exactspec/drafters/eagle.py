@@ -34,7 +34,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from exactspec.drafters.base import DraftContext, TargetInfo, empty_proposal
-from exactspec.drafters.eagle_head import EagleConfig, EagleHead, attend
+from exactspec.drafters.eagle_head import EagleConfig, EagleHead, attend, full_logits
+from exactspec.drafters.eagle_tree import eagle_tree
+from exactspec.drafters.tree_shape import check_tree
 from exactspec.errors import InvalidValue
 from exactspec.sampling import DOMAIN_DRAFT, sample
 from exactspec.sampling.standardize import probs_from_logits_rows
@@ -44,18 +46,17 @@ log = logging.getLogger(__name__)
 WEIGHTS_DIR = Path(__file__).parent / "weights"  # shipped heads, one folder per embedded name
 CONFIG_FILE = "config.json"  # EagleConfig as JSON
 WEIGHTS_FILE = "head.safetensors"  # trainable weights (float16) + the draft vocabulary ids
-_OFF_VOCAB = 1e4  # logit gap below the row minimum for tokens outside the draft vocabulary
 
 
 class EagleDrafter:
     """Chain drafter over an `EagleHead`; follows the `Drafter` Protocol."""
 
+    standardized_q = True  # q from probs_from_logits_rows, not re-checked (base.trusts_q)
+
     hidden_layers: tuple[int, ...] = (-1,)  # target features wanted (overridden per instance)
 
     def __init__(self, head: EagleHead, target=None, *, name: str = "eagle", tree=None,
                  siblings: str = "without_replacement") -> None:
-        from exactspec.drafters.tree_draft import check_tree
-
         # branching per depth or a DynamicTree (None: chains; drafters/tree_draft.py,
         # drafters/dynamic_tree.py) and how siblings are drawn
         self.tree, self.siblings = check_tree(tree, siblings)
@@ -134,8 +135,6 @@ class EagleDrafter:
 
     def propose_tree(self, context: DraftContext, max_depth: torch.Tensor):
         """The head drafting the tree of `self.tree`, fixed or dynamic (drafters/tree_draft.py)."""
-        from exactspec.drafters.tree_draft import eagle_tree
-
         return eagle_tree(self, context, max_depth)
 
     @torch.inference_mode()
@@ -229,15 +228,6 @@ class EagleDrafter:
         self._committed = target_real
         self._seen = tokens[:, : int(lengths.max())].clone() if b else self._seen
         return target_real
-
-
-def full_logits(head: EagleHead, sub: torch.Tensor) -> torch.Tensor:  # [N, Vd] -> [N, V]
-    """Draft-vocabulary logits placed in the full vocabulary; other tokens sit _OFF_VOCAB below
-    the row's minimum, so their probability underflows to 0 (finite, as probs_from_logits
-    requires)."""
-    n = sub.shape[0]
-    full = (sub.min(-1, keepdim=True).values - _OFF_VOCAB).expand(n, head.config.vocab_size)
-    return full.clone().scatter_(1, head.vocab_ids[None, :].expand(n, -1), sub)
 
 
 # --- saving and loading -----------------------------------------------------------------------

@@ -242,3 +242,15 @@ def _shift(tokens: torch.Tensor, d: int) -> torch.Tensor:  # [B, T] -> [B, T], -
 def num_trainable(head: EagleHead) -> int:
     """Parameters saved with the head (the frozen target parts are not)."""
     return sum(p.numel() for p in head.parameters())
+
+
+_OFF_VOCAB = 1e4  # logit gap below the row minimum for tokens outside the draft vocabulary
+
+
+def full_logits(head: EagleHead, sub: torch.Tensor) -> torch.Tensor:  # [N, Vd] -> [N, V]
+    """Draft-vocabulary logits placed in the full vocabulary; other tokens sit _OFF_VOCAB below
+    the row's minimum, so their probability underflows to 0 (finite, as probs_from_logits
+    requires)."""
+    n = sub.shape[0]
+    full = (sub.min(-1, keepdim=True).values - _OFF_VOCAB).expand(n, head.config.vocab_size)
+    return full.clone().scatter_(1, head.vocab_ids[None, :].expand(n, -1), sub)

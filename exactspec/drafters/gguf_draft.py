@@ -113,6 +113,8 @@ class GgufDraft:
     the target's. threads: llama.cpp threads (default: torch's thread count).
     """
 
+    standardized_q = True  # q made by exactspec, not re-checked (base.trusts_q)
+
     hidden_layers = None  # needs no target features
 
     def __init__(self, gguf: str | os.PathLike[str] = "smollm2-135m", *,

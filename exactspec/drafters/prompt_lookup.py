@@ -6,6 +6,7 @@ import torch
 
 from exactspec.drafters.base import DraftContext, TargetInfo
 from exactspec.drafters.tree_draft import lookup_tree
+from exactspec.drafters.tree_shape import Branching
 from exactspec.errors import InvalidValue
 from exactspec.sampling import DraftTree
 
@@ -20,6 +21,9 @@ class PromptLookup:
     a token tree instead: the continuations of the M latest distinct matches as branches (a
     shared prefix is one node), each up to `depth` tokens.
     """
+
+    standardized_q = True  # point masses, not re-checked (base.trusts_q)
+    siblings = "deterministic"  # tree nodes are point masses (copied continuations)
 
     hidden_layers = None  # needs no target features
 
@@ -38,7 +42,7 @@ class PromptLookup:
         self.branches = branches  # matches proposed as branches of a tree (1: a chain)
         self.depth = depth  # tokens per branch in tree mode
         # the tree's widest shape, or None: chains (the engine runs tree steps when set)
-        self.tree = (branches,) + (1,) * (depth - 1) if branches > 1 else None
+        self.tree = Branching((branches,) + (1,) * (depth - 1)) if branches > 1 else None
 
     def __repr__(self) -> str:
         return f"PromptLookup(min_ngram={self.min_ngram}, max_ngram={self.max_ngram})"

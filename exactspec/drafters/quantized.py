@@ -32,7 +32,7 @@ import torch
 from exactspec.drafters.base import DraftContext, TargetInfo
 from exactspec.drafters.draft_model import DraftModel
 from exactspec.drafters.gguf_draft import GgufDraft, llama_cpp_available, unload
-from exactspec.drafters.tree_draft import check_tree
+from exactspec.drafters.tree_shape import check_tree
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.models.adapter import TargetAdapter, unwrap_model
 from exactspec.models.lean import LeanLlama, lean_forward_for
@@ -58,6 +58,8 @@ class QuantizedDraft(DraftModel):
     lean forward does not run (not a Llama architecture) is drafted by a quantized copy of its
     transformers model (torch, all layers; "auto" picks torch for it, "llama.cpp" is refused).
     """
+
+    standardized_q = True  # q from DraftContext.standardize, not re-checked (base.trusts_q)
 
     hidden_layers = None  # needs no target features
 

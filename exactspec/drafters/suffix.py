@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import torch
 
 from exactspec.drafters.base import DraftContext, TargetInfo
+from exactspec.drafters.tree_shape import Branching
 from exactspec.errors import InvalidValue
 from exactspec.sampling import DraftTree
 
@@ -219,6 +220,9 @@ class SuffixDrafter:
     does not apply). One instance can serve many calls (its global trie is shared and thread-safe).
     """
 
+    standardized_q = True  # point masses, not re-checked (base.trusts_q)
+    siblings = "deterministic"  # tree nodes are point masses (copied continuations)
+
     hidden_layers = None  # reads no target features
 
     def __init__(self, max_depth: int = 24, max_nodes: int = 1 << 19, min_prob: float = 0.1,
@@ -240,7 +244,7 @@ class SuffixDrafter:
         self.depth = depth  # tree depth at most (tree mode)
         self.tree_nodes = tree_nodes  # nodes per tree at most: the verify width is this + 1
         # not None: the engine runs tree steps (the widest shape; the trees are often smaller)
-        self.tree = (branches,) + (1,) * (depth - 1) if branches > 1 else None
+        self.tree = Branching((branches,) + (1,) * (depth - 1)) if branches > 1 else None
         self.max_depth = max_depth  # longest substring counted by every trie
         self.max_nodes = max_nodes  # memory bound of the global trie, in nodes
         self.min_prob = float(min_prob)  # continuation probability below which drafting stops

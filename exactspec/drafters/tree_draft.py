@@ -1,5 +1,6 @@
-"""Token trees from drafters: children drawn per node (i.i.d., without replacement, or the
-top-k), a draft model growing its tree one depth per forward, prompt lookup's branches.
+"""Token trees from drafters: a draft model growing its tree one depth per forward (children
+drawn per node by exactspec.drafters.siblings), prompt lookup's branches. An EAGLE head's trees
+are in eagle_tree.py, dynamic trees' growth in dynamic_tree.py.
 
 Randomness: node i is drawn with the row's stream, domain DOMAIN_DRAFT + i, so a chain drafted
 as a tree uses the same uniforms as the chain drafter. A node is drawn from the draft's q at its
@@ -9,66 +10,15 @@ q (or none for point masses), which is what makes verification lossless.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from functools import partial
-
 import torch
 
 from exactspec.drafters.base import DraftContext
-from exactspec.drafters.dynamic_tree import DynamicTree, grow
-from exactspec.errors import InvalidType, InvalidValue
+from exactspec.drafters.dynamic_tree import grow
+from exactspec.drafters.siblings import choose_children
+from exactspec.drafters.tree_shape import tree_of
 from exactspec.models.tree_attention import extend_at
-from exactspec.sampling import (
-    DOMAIN_DRAFT,
-    SIBLING_KINDS,
-    DraftTree,
-    branching_parents,
-    sample_from_weights,
-    uniforms,
-)
+from exactspec.sampling import DOMAIN_DRAFT, DraftTree, branching_parents, uniforms
 from exactspec.sampling.tree import tree_shape
-
-
-def check_tree(tree, siblings: str) -> tuple[tuple[int, ...] | DynamicTree | None, str]:
-    """Validate a drafter's `tree=` (branching per depth, a DynamicTree, or "dynamic" /
-    "dynamic:16" for one) and `siblings=` arguments."""
-    if siblings not in SIBLING_KINDS:
-        raise InvalidValue(f"siblings={siblings!r} must be one of {', '.join(SIBLING_KINDS)}")
-    if isinstance(tree, str) and tree.startswith("dynamic"):
-        tree = DynamicTree() if tree == "dynamic" else DynamicTree.parse(tree)
-    if tree is None or isinstance(tree, DynamicTree):
-        return tree, siblings
-    if isinstance(tree, int | str) or not isinstance(tree, Sequence):
-        raise InvalidType(f"tree={tree!r} must be a sequence of branching factors, one per "
-                          "depth, e.g. tree=(3, 2, 1), or DynamicTree(node_budget=16)")
-    branching_parents(tree)  # raises InvalidValue on zeros and non-ints
-    return tuple(tree), siblings
-
-
-def choose_children(q: torch.Tensor, logits: torch.Tensor, count: int, kind: str,
-                    u: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:  # [B, count], -1
-    """`count` children per row from q [B, V] (logits [B, V] rank the top-k of greedy rows).
-
-    iid: inverse CDF of q with each column of u [B, count]; without_replacement: the same from
-    q without the children drawn before (a row out of mass leaves the rest -1); deterministic:
-    the top-k of q's support (greedy rows [B] bool: q's argmax, then the logits' order).
-    """
-    bsz, vocab = q.shape
-    if kind == "deterministic":
-        key = torch.where(q > 0, q.double(), -torch.inf)
-        key = torch.where(greedy[:, None], torch.where(q > 0, torch.inf, logits.double()), key)
-        top = key.topk(min(count, vocab), dim=-1)
-        out = torch.where(top.values > -torch.inf, top.indices, -1)
-        return torch.cat([out, out.new_full((bsz, count - out.shape[1]), -1)], 1)
-    out = torch.full((bsz, count), -1, dtype=torch.long, device=q.device)
-    left = q.clone()
-    for j in range(count):
-        live = left.sum(-1) > 0
-        x = sample_from_weights(left, u[:, j])
-        out[:, j] = torch.where(live, x, -1)
-        if kind == "without_replacement":
-            left.scatter_(1, x[:, None], 0.0)
-    return out
 
 
 @torch.inference_mode()
@@ -88,15 +38,15 @@ def draft_model_tree(drafter, context: DraftContext, max_depth: torch.Tensor) ->
     def expand(tokens, nodes, depth, anc):
         return _level_forward(ad, tokens, nodes, start, depth, anc)
 
-    if isinstance(drafter.tree, DynamicTree):
+    shape = tree_of(drafter)
+    if not shape.fixed:
         def expand_dynamic(tokens, slots, depth, anc):  # -> [B, M, V]
             out = _level_forward(ad, tokens, slots, start, depth, anc)
             return torch.stack([out[int(i)] for i in slots.tolist()], 1)
 
-        tree = grow(context, drafter.tree, drafter.siblings, max_depth, root_logits,
-                    expand_dynamic)
+        tree = grow(context, shape, drafter.siblings, max_depth, root_logits, expand_dynamic)
     else:
-        tree = grow_tree(context, drafter.tree, drafter.siblings, max_depth, root_logits, expand)
+        tree = grow_tree(context, shape, drafter.siblings, max_depth, root_logits, expand)
     # tree slots hold no chain: the next propose must not keep them as an agreeing prefix
     pos = torch.arange(drafter._fed.shape[1], device=dev)[None, :]
     drafter._fed = torch.where(pos < start[:, None], drafter._fed, -1)
@@ -143,96 +93,6 @@ def grow_tree(context: DraftContext, branching: tuple[int, ...], siblings: str,
             level_logits.update(expand(tokens, nxt, d + 1, anc))
     q = None if kind == "deterministic" else q_nodes
     return DraftTree(tokens, par.expand(bsz, n).clone(), q, kind)
-
-
-@torch.inference_mode()
-def eagle_tree(drafter, context: DraftContext, max_depth: torch.Tensor) -> DraftTree:
-    """An EAGLE head's tree: the head's output at the last real position is the root; each
-    depth's nodes run the head once (attending to the real cache and their own path's keys,
-    as the chain does along its drafts)."""
-    from exactspec.drafters.eagle import full_logits
-    from exactspec.drafters.eagle_head import attend
-
-    head = drafter.head
-    hidden = context.hidden
-    if hidden is None:
-        raise ValueError("EagleDrafter needs the target's hidden states in DraftContext.hidden")
-    dev = drafter._committed.device
-    tok, lengths = context.tokens.to(dev), context.lengths.to(dev)
-    real = drafter._catch_up(hidden.to(dev), tok, lengths)  # [B]
-    s = real - 1  # last real position (-1: a one-token row, nothing to draft)
-    slots = torch.arange(drafter._k.shape[2], device=dev)
-    seen = slots[None, :] < real[:, None]  # [B, S]
-    cap = torch.where(s >= 0, max_depth, 0)
-    if isinstance(drafter.tree, DynamicTree):
-        root = full_logits(head, head.logits(drafter._o_last))  # [B, V]
-        return grow(context, drafter.tree, drafter.siblings, cap, root,
-                    partial(_eagle_frontier, drafter, s, seen, {}))
-    n = len(branching_parents(drafter.tree))
-    g_node: dict[int, torch.Tensor] = {}  # node -> head output after it [B, H]
-    keys: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # node -> (k, v) [B, h, d]
-    par = branching_parents(drafter.tree)
-
-    def expand(tokens, nodes, depth, anc):
-        m = nodes.numel()
-        g_par = torch.stack([drafter._o_last if par[i] < 0 else g_node[par[i]]
-                             for i in nodes.tolist()], 1)  # [B, M, H]
-        pos = (s + depth)[:, None].expand(-1, m)
-        x, qh, kh, vh = head.qkv(g_par, tokens[:, nodes].clamp(min=0), pos)  # [B, h, M, d]
-        for j, i in enumerate(nodes.tolist()):
-            keys[i] = (kh[:, :, j], vh[:, :, j])
-        chains = [[a for a in range(n) if anc[i, a]] for i in nodes.tolist()]  # depth order
-        k_extra = torch.stack([torch.stack([keys[a][0] for a in c], 2) for c in chains], 2)
-        v_extra = torch.stack([torch.stack([keys[a][1] for a in c], 2) for c in chains], 2)
-        a = attend(qh, drafter._k, drafter._v, seen[:, None, :].expand(-1, m, -1),
-                   k_extra, v_extra)  # [B, h, M, d]
-        o = head.finish(x, a)  # [B, M, H]
-        bsz = o.shape[0]
-        logits = full_logits(head, head.logits(o.reshape(bsz * m, -1))).reshape(bsz, m, -1)
-        out = {}
-        for j, i in enumerate(nodes.tolist()):
-            g_node[i] = o[:, j]
-            out[i] = logits[:, j]  # [B, V]
-        return out
-
-    root = full_logits(head, head.logits(drafter._o_last))  # [B, V]
-    return grow_tree(context, drafter.tree, drafter.siblings, cap, root, expand)
-
-
-def _eagle_frontier(drafter, s: torch.Tensor, seen: torch.Tensor, state: dict,
-                    tokens: torch.Tensor, slots: torch.Tensor, depth: int,
-                    anc: torch.Tensor) -> torch.Tensor:  # [B, M, V]
-    """The head after a dynamic tree's frontier `slots` (all at `depth`): s [B] last real
-    position, seen [B, S] real slots, state the frontier's head outputs and keys so far,
-    tokens [B, F], anc [B, F, F] (dynamic_tree.Expand)."""
-    from exactspec.drafters.eagle import full_logits
-    from exactspec.drafters.eagle_head import attend
-
-    head = drafter.head
-    bsz, f = tokens.shape
-    m = slots.numel()
-    k = m  # frontier width: slots (depth - 1) * k .. depth * k - 1
-    if not state:
-        hid, c = drafter._o_last.shape[-1], head.config
-        state["g"] = drafter._o_last.new_zeros(bsz, f, hid)  # [B, F, H] output after a slot
-        state["k"] = drafter._k.new_zeros(bsz, c.num_heads, f, c.head_dim)  # [B, h, F, d]
-        state["v"] = torch.zeros_like(state["k"])
-    # path[b, j, e] = the frontier slot at depth e + 1 on slot j's path (the slot itself last)
-    blocks = anc[:, slots].reshape(bsz, m, f // k, k)[:, :, :depth]  # [B, M, depth, k]
-    path = blocks.float().argmax(-1) + torch.arange(depth, device=s.device) * k  # [B, M, depth]
-    rows = torch.arange(bsz, device=s.device)[:, None]
-    g_par = drafter._o_last[:, None].expand(-1, m, -1) if depth == 1 else \
-        state["g"][rows, path[:, :, depth - 2]]  # [B, M, H]
-    pos = (s + depth)[:, None].expand(-1, m)
-    x, qh, kh, vh = head.qkv(g_par, tokens[:, slots].clamp(min=0), pos)  # [B, h, M, d]
-    state["k"][:, :, slots], state["v"][:, :, slots] = kh, vh
-    idx = path[:, None, :, :, None].expand(-1, kh.shape[1], -1, -1, kh.shape[-1])
-    k_extra = state["k"][:, :, None].expand(-1, -1, m, -1, -1).gather(3, idx)  # [B, h, M, D, d]
-    v_extra = state["v"][:, :, None].expand(-1, -1, m, -1, -1).gather(3, idx)
-    a = attend(qh, drafter._k, drafter._v, seen[:, None, :].expand(-1, m, -1), k_extra, v_extra)
-    o = head.finish(x, a)  # [B, M, H]
-    state["g"][:, slots] = o
-    return full_logits(head, head.logits(o.reshape(bsz * m, -1))).reshape(bsz, m, -1)
 
 
 def _level_forward(ad, tokens: torch.Tensor, nodes: torch.Tensor, start: torch.Tensor,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from exactspec.drafters.base import Drafter
+from exactspec.drafters.base import Drafter, TreeDrafter
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.sampling import SamplingParams, VerifyMethod, parse_method
 
@@ -48,7 +48,15 @@ def row_params(params, num_rows: int) -> tuple[list[SamplingParams], bool]:
 
 
 def check_drafter(drafter) -> Drafter | None:
-    if drafter is None or isinstance(drafter, Drafter):
+    if drafter is None:
+        return drafter
+    if isinstance(drafter, Drafter):
+        if (getattr(drafter, "tree", None) is not None and hasattr(drafter, "propose_tree")
+                and not isinstance(drafter, TreeDrafter)):
+            raise InvalidType(f"{type(drafter).__name__} proposes trees (tree={drafter.tree!r}) "
+                              "but declares no `siblings`; set siblings = 'deterministic' "
+                              "(point masses), 'iid' or 'without_replacement' "
+                              "(exactspec.drafters.base.TreeDrafter)")
         return drafter
     missing = [m for m in ("begin", "propose", "select", "hidden_layers")
                if not hasattr(drafter, m)]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exactspec.drafters.base import Drafter, TargetInfo
+from exactspec.drafters.base import Drafter, TargetInfo, trusts_q
 from exactspec.engine.batch import BatchState, Row, RowOutput
 from exactspec.engine.policy import AUTO_MAX_DRAFT, DraftLengthPolicy
 from exactspec.engine.step import Clock, NoDrafter, StepRules, decode_step, plain_rule
@@ -24,13 +24,6 @@ from exactspec.models.loading import Model, as_model
 from exactspec.sampling import SamplingParams, Verdict, VerifyMethod, parse_method
 
 VerifyFn = Callable[..., Verdict]
-
-
-def engine_made(drafter: Drafter) -> bool:
-    """Whether the drafter's q is made by exactspec's own code (its class is defined inside
-    exactspec, where q comes from probs_from_logits): then it is not re-validated per step.
-    A user's drafter, a subclass of ours included, has its q checked every step."""
-    return type(drafter).__module__.split(".")[0] == "exactspec"
 
 
 __all__ = ["DecodeConfig", "Decoder", "Row", "RowOutput", "VerifyFn"]
@@ -95,7 +88,7 @@ class Decoder:
         self.batch.on_fault = on_fault
         self.rules = StepRules(
             verify=verify_rule(drafter, cfg.verify),
-            check_q=not engine_made(self.batch.drafter),
+            check_q=not trusts_q(self.batch.drafter),
             return_logprobs=cfg.return_logprobs,
             tree_step=tree_rule(drafter, cfg.verify))
 

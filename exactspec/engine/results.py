@@ -5,6 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
+def mean_acceptance_length(emitted: int, steps: int) -> float:
+    """Tokens emitted per target forward, the recovered / bonus token included: 1.0 for plain
+    decoding, at most K+1; 0.0 before any step. The one definition (engine, bench, training)."""
+    return emitted / steps if steps else 0.0
+
+
 @dataclass
 class GenerationStats:
     """How one row's generation went. Every target forward is one step.
@@ -52,7 +58,7 @@ class GenerationStats:
     @property
     def mean_acceptance_length(self) -> float:
         """Tokens emitted per target forward, the recovered / bonus token included."""
-        return self.emitted / self.steps if self.steps else 0.0
+        return mean_acceptance_length(self.emitted, self.steps)
 
     @property
     def other_seconds(self) -> float:

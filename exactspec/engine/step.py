@@ -38,6 +38,8 @@ class StepRules:
 class NoDrafter:
     """The empty proposal: plain decoding is a speculative step with no draft tokens."""
 
+    standardized_q = True  # no drafts, not re-checked (base.trusts_q)
+
     hidden_layers = None  # needs no target features
 
     def begin(self, context: DraftContext, target: TargetInfo) -> None:

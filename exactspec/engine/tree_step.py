@@ -10,12 +10,10 @@ its remaining token budget, never by `num_draft_tokens`.
 from __future__ import annotations
 
 from functools import partial
-from typing import Protocol, runtime_checkable
 
 import torch
 
-from exactspec.drafters.base import DraftContext
-from exactspec.drafters.dynamic_tree import DynamicTree
+from exactspec.drafters.tree_shape import tree_of
 from exactspec.engine.batch import FAULT, BatchState, Row
 from exactspec.engine.step import Clock, StepRules, finish_step
 from exactspec.errors import InvalidValue
@@ -24,20 +22,9 @@ from exactspec.sampling import DraftTree, VerifyMethod, parse_method, tree_histo
 from exactspec.sampling.standardize import probs_from_logits_rows
 
 
-@runtime_checkable
-class TreeDrafter(Protocol):
-    """A drafter that can propose token trees: `tree` is None while it drafts chains."""
-
-    tree: tuple[int, ...] | None  # branching per depth, e.g. (3, 2, 1); None: chains
-
-    def propose_tree(self, context: DraftContext,
-                     max_depth: torch.Tensor) -> DraftTree:  # max_depth [B] long
-        """A tree per row, no node deeper than max_depth[b]; q of every node (or point masses)."""
-
-
 def tree_drafting(drafter) -> bool:
-    """Whether the engine runs tree steps for `drafter`."""
-    return isinstance(drafter, TreeDrafter) and drafter.tree is not None
+    """Whether the engine runs tree steps for `drafter` (a TreeDrafter with a tree now)."""
+    return tree_of(drafter) is not None
 
 
 def tree_rule(drafter, verify) -> partial | None:
@@ -54,7 +41,7 @@ def tree_rule(drafter, verify) -> partial | None:
         hint = "" if method is None else method.tree_hint
         raise InvalidValue(f"verify={name!r} cannot verify token trees{hint}; with a tree "
                            "drafter use 'token', 'traversal' or 'greedy'")
-    if (method.fixed_shape_only and isinstance(drafter.tree, DynamicTree)
+    if (method.fixed_shape_only and not tree_of(drafter).fixed
             and drafter.siblings != "deterministic"):
         raise InvalidValue(f"verify={method.name!r} is proven for trees whose shape is fixed "
                            f"before the draws; a DynamicTree with siblings={drafter.siblings!r} "

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from exactspec.drafters.eagle import load_drafter
 from exactspec.engine.api import generate
+from exactspec.engine.results import mean_acceptance_length
 from exactspec.errors import UserError
 from exactspec.models.loading import load, progress_off
 from exactspec.sampling import SamplingParams
@@ -50,7 +51,7 @@ def acceptance(model, drafter, prompts: list[list[int]], *, temperature: float, 
     tried = [sum(s.drafted_per_position[i] if i < len(s.drafted_per_position) else 0
                  for s in stats) for i in range(k)]
     return {"rows": len(stats), "steps": steps, "emitted": emitted,
-            "mean_acceptance_length": round(emitted / max(steps, 1), 3),
+            "mean_acceptance_length": round(mean_acceptance_length(emitted, steps), 3),
             "acceptance_rate": round(accepted / max(drafted, 1), 3),
             "accept_first_k": [round(a / max(t, 1), 3) for a, t in zip(kept, tried, strict=True)]}
 
