@@ -22,7 +22,6 @@ import atexit
 import ctypes
 import logging
 import os
-import sys
 import threading
 import weakref
 from pathlib import Path
@@ -138,7 +137,9 @@ class GgufDraft:
         return f"GgufDraft({Path(self.path).name!r})"
 
     def __del__(self) -> None:
-        if not sys.is_finalizing():  # at exit `_free_at_exit` has run; llama_cpp is torn down
+        # nothing left after `_free_at_exit` (interpreter exit, when llama_cpp and this
+        # module's globals may already be torn down): then touch nothing
+        if self.__dict__.get("_ctxs"):
             self._free()
 
     def _free(self) -> None:
