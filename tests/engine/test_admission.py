@@ -16,6 +16,7 @@ import torch
 from exactspec import SamplingParams
 from exactspec.drafters import DraftModel, PromptLookup
 from exactspec.drafters.base import AdmitsRows
+from exactspec.drafters.gguf_draft import llama_cpp_available
 from exactspec.engine import generate
 from exactspec.engine.api import _stream_seeds
 from exactspec.engine.loop import DecodeConfig, Decoder
@@ -221,3 +222,31 @@ def test_drop_removes_rows_before_the_next_step(target):
     while dec.rows:
         dec.step()
     assert len(rows[1].output.tokens) == n and rows[1].output.finish_reason is None
+
+
+@pytest.mark.skipif(not llama_cpp_available(), reason="llama-cpp-python not installed")
+def test_llama_cpp_draft_admission_keeps_sequences_and_reuses_freed_ones(target):
+    """The llama.cpp backend: running rows keep their sequences and cached tokens; a new row
+    takes a sequence a dropped row left; greedy rows admitted at any step equal plain greedy."""
+    import exactspec as es
+
+    drafter = es.QuantizedDraft(8, backend="llama.cpp")
+    greedy = SamplingParams(temperature=0)
+    dec = _decoder(target, drafter, max_new_tokens=16)
+    rows = [dec.make_row(i, p, greedy, 0) for i, p in enumerate(PROMPTS)]
+    dec.admit(rows[:3])
+    dec.step()
+    dec.step()
+    gguf = drafter._gguf
+    dec.drop([1])
+    where, fed = list(gguf._where), gguf._fed.clone()
+    contexts = len(gguf._ctxs)
+    dec.admit([rows[3]])
+    assert gguf._where[:2] == where and torch.equal(gguf._fed[:2, : fed.shape[1]], fed)
+    assert len(gguf._ctxs) == contexts  # the dropped row's sequence was free
+    assert gguf._where[2] not in where
+    while dec.rows:
+        dec.step()
+    for r in (rows[0], rows[2], rows[3]):
+        plain = generate(target, [r.prompt], params=greedy, max_new_tokens=16)[0].token_ids
+        assert r.output.tokens == plain
