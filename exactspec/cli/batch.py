@@ -70,7 +70,8 @@ def add(sub) -> None:
                    "es.token_logprobs in a trainer's forward (float32 Llama target)")
     p.add_argument("--errors", metavar="FILE", default=None,
                    help="write bad input rows (with their line numbers) to FILE and run the "
-                   "rest (default: refuse the job, listing them)")
+                   "rest (default: refuse the job, listing them); FILE must be neither IN, OUT "
+                   "nor OUT.job.json, through any spelling or link")
     p.add_argument("--ray", metavar="ADDRESS", nargs="?", const="", default=None,
                    help="run on Ray actors: a local cluster, or the cluster at ADDRESS")
     p.add_argument("--workers", type=at_least(1), default=None,
