@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import exactspec as es
-from exactspec.drafters import DraftModel, QuantizedDraft
+from exactspec.drafters import DraftModel, PromptLookup, QuantizedDraft
 from tests.engine.tiny import perturbed, tiny_llama
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]
@@ -155,3 +155,29 @@ def test_tensor_input_and_errors(target):
         es.token_logprobs(target, seqs, [0, 1, 1], T1)
     with pytest.raises(TypeError, match="SamplingParams"):
         es.token_logprobs(target, seqs, plen, [T1])
+
+
+def test_the_engine_already_computes_these_numbers_outside_the_mode(target):
+    """The lean forward always runs on the kernels, so a Llama target's rollouts are the same
+    tokens and logprobs with the mode on or off: the mode is for the trainer's forward (and
+    the engine flag checks the target is one the guarantee covers)."""
+    params = LAWS["filtered"]
+    # prompt lookup: its drafts depend on the tokens only (a draft model's forward would run
+    # under the mode too, so its q, and which drafts a seed draws, could move)
+    inside, _ = rollouts(target, PROMPTS, PromptLookup(), params, "block")
+    outside, _ = rollouts(target, PROMPTS, PromptLookup(), params, "block", invariant=False)
+    assert [g.token_ids for g in inside] == [g.token_ids for g in outside]
+    assert [g.logprobs for g in inside] == [g.logprobs for g in outside]
+
+
+def test_the_thread_count_does_not_matter(target):
+    gens, seqs = rollouts(target, PROMPTS, None, T1, max_new_tokens=20)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = scored(target, seqs, PROMPTS, T1)
+        torch.set_num_threads(max(2, threads))
+        more = scored(target, seqs, PROMPTS, T1)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, more) and all(equal_rows(gens, one))
