@@ -179,3 +179,24 @@ def test_greedy_top_logprobs_list_only_the_chosen_token(target):
     while dec.rows:
         dec.step()
     assert row.output.top == [[(t, 0.0)] for t in row.output.tokens]
+
+
+def test_a_tree_drafter_that_raises_leaves_its_rows_plain(target):
+    class BreaksTree(DraftModel):
+        calls = 0
+
+        def propose_tree(self, context, max_depth):
+            BreaksTree.calls += 1
+            if BreaksTree.calls == 2:
+                raise RuntimeError("the tree broke")
+            return super().propose_tree(context, max_depth)
+
+    dec = _decoder(target, BreaksTree(perturbed(target, 0.3), tree=(2, 1)))
+    rows = [dec.make_row(i, p, GREEDY, 0) for i, p in enumerate(PROMPTS[:2])]
+    dec.admit(rows)
+    while dec.rows:
+        dec.step()
+    assert dec.drafter_faults == 1 and BreaksTree.calls == 2
+    for r in rows:
+        assert r.output.tokens == generate(target, [r.prompt], params=GREEDY,
+                                           max_new_tokens=24)[0].token_ids
