@@ -114,12 +114,16 @@ def test_the_short_commands_run(tmp_path):
     """One interpreter runs them one after another (each loads its model from the cache)."""
     runs = [(n, argv) for n, line in COMMANDS if (argv := _runnable(split(line))) is not None]
     assert len(runs) >= 5
-    driver = ("import json, sys\nfrom exactspec.cli import main\n"
-              "codes = [main(argv) for argv in json.loads(sys.argv[1])]\n"
-              "print('CODES', json.dumps(codes))\n")
+    driver = ("import json, sys, time\nfrom exactspec.cli import main\ncodes = []\n"
+              "for argv in json.loads(sys.argv[1]):\n"
+              "    start = time.perf_counter()\n"
+              "    codes.append(main(argv))\n"
+              "    print(f'took {time.perf_counter() - start:.1f} s: {argv}', file=sys.stderr)\n"
+              "print('\\nCODES', json.dumps(codes))\n")
     done = subprocess.run([sys.executable, "-c", driver, json.dumps([a for _, a in runs])],
                           cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
     codes = json.loads(done.stdout.rsplit("CODES", 1)[1]) if "CODES" in done.stdout else None
+    print("\n".join(line for line in done.stderr.splitlines() if line.startswith("took ")))
     assert codes is not None, done.stderr[-3000:]
     failed = [(n, a, c) for (n, a), c in zip(runs, codes, strict=True) if c != 0]
     assert not failed, (failed, done.stderr[-3000:])
