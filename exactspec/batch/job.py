@@ -147,7 +147,7 @@ def _check(cfg: BatchConfig, engine: Engine | None) -> None:
     if engine is not None and cfg.ray:
         raise InvalidValue("an already built engine runs in this process; drop engine= to "
                            "run on Ray (each actor builds its own from cfg.engine)")
-    check_job_paths(cfg.input, cfg.output, cfg.errors)
+    check_job_paths(cfg.input, cfg.output, cfg.errors, cfg.engine.model)
 
 
 def _resumed_seed(out: Path) -> int:

@@ -18,9 +18,10 @@ from exactspec.errors import InvalidValue, MissingFile
 
 
 def check_job_paths(input: str | os.PathLike, output: str | os.PathLike,
-                    errors: str | os.PathLike | None) -> None:
+                    errors: str | os.PathLike | None, model: str | None = None) -> None:
     """Raise a UserError (one line: the paths and the fix) unless the job's files are distinct,
-    the input is an existing file and every output names a file in an existing directory."""
+    the input is an existing file and every output names a file in an existing directory.
+    `model`: the target as named (a .gguf file or a directory is an input too)."""
     inp = Path(input)
     if not inp.exists():
         raise MissingFile(f"no input file {os.fspath(input)!r}: check the path")
@@ -31,8 +32,10 @@ def check_job_paths(input: str | os.PathLike, output: str | os.PathLike,
     files = {"input": inp, "output": out, "job record": job_file(out)}
     if errors is not None:
         files["errors file"] = Path(errors)
+    if model is not None and Path(model).expanduser().exists():
+        files["model"] = Path(model).expanduser()
     for role, path in files.items():
-        if role == "input":
+        if role in ("input", "model"):
             continue
         flag = "--errors" if role == "errors file" else "OUT.jsonl"
         if path.is_dir():
@@ -42,6 +45,8 @@ def check_job_paths(input: str | os.PathLike, output: str | os.PathLike,
             raise MissingFile(f"the errors file {os.fspath(path)!r} is in a directory that does "
                               "not exist: create it or choose another --errors path")
     for (a, pa), (b, pb) in combinations(files.items(), 2):
+        if {a, b} == {"input", "model"}:
+            continue  # two inputs may coincide (nothing is written to either)
         if same_file(pa, pb):
             raise InvalidValue(
                 f"the {a} {os.fspath(pa)!r} and the {b} {os.fspath(pb)!r} are the same file; "
@@ -50,8 +55,9 @@ def check_job_paths(input: str | os.PathLike, output: str | os.PathLike,
 
 def _fix(a: str, b: str) -> str:
     if "errors file" in (a, b):
-        return "choose another --errors file (errors=), not the input or the output"
-    return "choose another output file, not the input (its job record is OUT.job.json)"
+        return "choose another --errors file (errors=), none of the job's other files"
+    return ("choose another output file, not the input or the model (its job record is "
+            "OUT.job.json)")
 
 
 def same_file(a: Path, b: Path) -> bool:

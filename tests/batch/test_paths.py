@@ -89,6 +89,18 @@ def test_outputs_never_overlap_inputs_or_each_other(job, capsys, argv, says):
     _refused(job, argv, capsys, says)
 
 
+@pytest.mark.parametrize(("argv", "says"), [
+    (["bad.jsonl", "m.gguf"], "the output 'm.gguf' and the model 'm.gguf'"),
+    (["bad.jsonl", "out.jsonl", "--errors", "./m.gguf"], "the errors file 'm.gguf' and the model"),
+])
+def test_the_model_file_is_an_input_too(job, capsys, argv, says):
+    (job / "m.gguf").write_bytes(b"GGUF weights")
+    before = _snapshot(job)
+    assert main(["batch", *argv, "--model", "m.gguf"]) == 2
+    assert says in _one_line(capsys)
+    assert _snapshot(job) == before
+
+
 def test_errors_naming_a_directory_is_one_line(job, capsys):
     (job / "errs").mkdir()
     _refused(job, ["bad.jsonl", "out.jsonl", "--errors", "errs"], capsys,
