@@ -38,13 +38,21 @@ static inline V loadx_tail(const float* p, int64_t n) {
 // ---- matrix product: an MR x NR tile of outputs, each its own 16-lane accumulator ----
 template <int WT, int MR, int NR>
 static void tile(const float* x, int64_t K, const void* w, const float* scale, float* y,
-                 int64_t ldy, int64_t n) {
+                 int64_t ldy, int64_t n, bool prefetch) {
   V acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = vzero();
+  // with several rows of x (compute per weight), prefetch the next tile's weights so memory
+  // streams while this tile computes (measured: verify widths 5 / 8 cost 1.2 / 1.3 steps
+  // instead of 1.45 / 1.65 on one thread); one row is left to the hardware prefetcher.
+  // No effect on any result.
+  const int64_t wb = WT == W_F32 ? 4 : WT == W_BF16 ? 2 : 1;
+  const char* ahead = static_cast<const char*>(w) + (n + NR) * K * wb;
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     V wv[NR];
+    if (prefetch)
+      for (int j = 0; j < NR; ++j) __builtin_prefetch(ahead + (j * K + k) * wb, 0, 3);
     for (int j = 0; j < NR; ++j) wv[j] = loadw<WT>(w, (n + j) * K + k);
     for (int i = 0; i < MR; ++i) {
       V xv = vload(x + i * K + k);
@@ -68,7 +76,8 @@ static void tile(const float* x, int64_t K, const void* w, const float* scale, f
     }
 }
 
-typedef void (*TileFn)(const float*, int64_t, const void*, const float*, float*, int64_t, int64_t);
+typedef void (*TileFn)(const float*, int64_t, const void*, const float*, float*, int64_t, int64_t,
+                       bool);
 #define ES_ROW(WT, i) {tile<WT, i, 1>, tile<WT, i, 2>, tile<WT, i, 3>, tile<WT, i, 4>}
 
 template <int WT>
@@ -85,7 +94,7 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
       const int64_t mr = M - m0 < ES_MR ? M - m0 : ES_MR;
       for (int64_t n = nb; n < nbe; n += ES_NR) {
         const int64_t nr = nbe - n < ES_NR ? nbe - n : ES_NR;
-        table[mr - 1][nr - 1](x + m0 * K, K, w, scale, y + m0 * ldy, ldy, n);
+        table[mr - 1][nr - 1](x + m0 * K, K, w, scale, y + m0 * ldy, ldy, n, M > 1);
       }
     }
   }
