@@ -47,7 +47,9 @@ from exactspec.invariant import ops
 from exactspec.models.lean_kernels import ROPE_CHUNK, STATIC_ROPE
 
 _LOCK = threading.RLock()
-_STATE: dict[str, object] = {"on": False}  # "on"; while on: "lib", "saved" (what to restore)
+# "on": the overrides are installed; "manual": set_batch_invariant's setting; "depth": open
+# `batch_invariant()` blocks (any thread); while on, "lib" and "saved_attn" (what to restore)
+_STATE: dict[str, object] = {"on": False, "manual": False, "depth": 0}
 _ROPE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # rotary -> (key, cos, sin)
 _ORIG: dict[str, object] = {}  # name -> the original function a swap replaced
 
@@ -58,33 +60,52 @@ def is_batch_invariant() -> bool:
 
 
 def set_batch_invariant(on: bool) -> None:
-    """Turn the batch-invariant mode on or off for the whole process (see the module doc)."""
+    """Turn the batch-invariant mode on or off for the whole process (see the module doc);
+    `batch_invariant()` blocks still open keep it on until they end."""
     if not isinstance(on, bool):
         raise TypeError(f"set_batch_invariant takes a bool, got {on!r}")
     with _LOCK:
-        if on == _STATE["on"]:
-            return
-        if on:
-            if not kernels.enabled():
-                raise InvalidValue(
-                    "the batch-invariant mode needs the exactspec kernels, which are off or "
-                    "not built here: build them with `python -m exactspec.kernels` (and unset "
-                    "EXACTSPEC_KERNELS=0)")
-            _enable()
-        else:
-            _disable()
-        _STATE["on"] = on
+        _STATE["manual"] = on
+        _apply()
 
 
 @contextlib.contextmanager
 def batch_invariant() -> Iterator[None]:
-    """`with es.batch_invariant(): ...`: the mode on inside the block, as it was after."""
-    before = is_batch_invariant()
-    set_batch_invariant(True)
+    """`with es.batch_invariant(): ...`: the mode on inside the block. Blocks nest and may be
+    open in several threads at once: the mode stays on until the last one ends (or for good
+    after `set_batch_invariant(True)`). The mode is process-wide: other threads' CPU forwards
+    run on the invariant operators meanwhile too."""
+    with _LOCK:
+        _STATE["depth"] += 1
+        try:
+            _apply()
+        except BaseException:
+            _STATE["depth"] -= 1
+            raise
     try:
         yield
     finally:
-        set_batch_invariant(before)
+        with _LOCK:
+            _STATE["depth"] -= 1
+            _apply()
+
+
+def _apply() -> None:
+    """Install or remove the overrides to match "manual" and "depth"."""
+    want = bool(_STATE["manual"]) or _STATE["depth"] > 0
+    if want == _STATE["on"]:
+        return
+    if want:
+        if not kernels.enabled():
+            _STATE["manual"] = False
+            raise InvalidValue(
+                "the batch-invariant mode needs the exactspec kernels, which are off or not "
+                "built here: build them with `python -m exactspec.kernels` (and unset "
+                "EXACTSPEC_KERNELS=0)")
+        _enable()
+    else:
+        _disable()
+    _STATE["on"] = want
 
 
 # ---- aten overrides (CPU key) ----

@@ -160,3 +160,41 @@ def test_engine_refuses_what_the_mode_cannot_match(model):
         es.Engine(copy.deepcopy(model).to(torch.bfloat16), batch_invariant=True)
     with pytest.raises(TypeError, match="batch_invariant"):
         es.Engine(model, batch_invariant="yes")
+
+
+def test_a_linear_with_bias_runs_on_the_kernel():
+    """nn.Linear with a bias (aten::addmm on 2-d input) is the kernel's product plus the bias,
+    the same bits for a row alone and in a batch."""
+    lin = torch.nn.Linear(40, 24)
+    x = torch.randn(9, 40)
+    with es.batch_invariant(), torch.no_grad():
+        batch, alone = lin(x), lin(x[4:5])
+    expect = es.kernels.linear(x, [lin.weight.detach()]) + lin.bias.detach()
+    assert torch.equal(batch, expect) and torch.equal(alone[0], batch[4])
+
+
+def test_blocks_in_threads_keep_the_mode_until_the_last_ends():
+    import threading
+
+    inside, release = threading.Event(), threading.Event()
+
+    def worker():
+        with es.batch_invariant():
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    inside.wait(10)
+    with es.batch_invariant():
+        pass
+    assert es.is_batch_invariant()  # the other thread's block is still open
+    release.set()
+    t.join()
+    assert not es.is_batch_invariant()
+    es.set_batch_invariant(True)
+    with es.batch_invariant():
+        pass
+    assert es.is_batch_invariant()
+    es.set_batch_invariant(False)
+    assert not es.is_batch_invariant()
