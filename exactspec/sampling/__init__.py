@@ -1,6 +1,11 @@
 """Pure, batched sampling mathematics: standardized distributions, verification, random streams.
 
-Imports nothing from the rest of exactspec.
+`params` / `standardize` / `history`: SamplingParams and p, q from logits. `methods`: the verify
+methods as objects (token, block, traversal, greedy, lenient:L, typical:EPS), parsed once from
+their names. `verify`: the entry points (verify, acceptance_law, verify_tree, ...); the rules
+are in `chain` (token, block, greedy), `lossy` (lenient, typical) and `tree_verify` (trees, on
+`tree`'s DraftTree); `checks` validates their inputs. `streams`: the random streams.
+Imports nothing from the rest of exactspec but its errors.
 """
 
 from exactspec.sampling.chain import AcceptanceLaw, Verdict
