@@ -181,3 +181,17 @@ def test_the_thread_count_does_not_matter(target):
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, more) and all(equal_rows(gens, one))
+
+
+def test_a_rollout_row_is_the_same_alone_and_in_a_batch(target, draft):
+    """The engine's side: a row with its own seed gives the same tokens and logprobs alone as
+    in a ragged batch (speculative, a tree), so the trainer has one set of numbers to match."""
+    laws = [es.SamplingParams(temperature=0.9, top_p=0.95, seed=20 + i) for i in range(3)]
+    with es.batch_invariant():
+        together = es.generate(target, PROMPTS, drafter=DraftModel(draft, tree=(2, 1)),
+                               params=laws, max_new_tokens=12, return_logprobs=True)
+        alone = [es.generate(target, [p], drafter=DraftModel(draft, tree=(2, 1)), params=[law],
+                             max_new_tokens=12, return_logprobs=True)[0]
+                 for p, law in zip(PROMPTS, laws, strict=True)]
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    assert [g.logprobs for g in together] == [g.logprobs for g in alone]
