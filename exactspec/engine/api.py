@@ -25,6 +25,7 @@ from exactspec.engine.arguments import (
 from exactspec.engine.loop import DecodeConfig, Decoder, RowOutput, VerifyFn
 from exactspec.engine.results import Generation
 from exactspec.errors import InvalidType, InvalidValue
+from exactspec.invariant import is_batch_invariant, warn_if_uncovered
 from exactspec.models.loading import Model, as_target
 from exactspec.sampling import RowStreams, SamplingParams, is_lossless
 
@@ -153,6 +154,8 @@ class _Job:
             self.model: Model = as_target(target)
         except TypeError as e:
             raise InvalidType(f"target: {e}") from None
+        if is_batch_invariant():  # inside es.batch_invariant(): say if it cannot promise
+            warn_if_uncovered(self.model.model)
         drafter = check_drafter(drafter)
         check_layers(drafter)
         check_int("max_new_tokens", max_new_tokens, 1)

@@ -11,7 +11,8 @@ from exactspec.invariant.mode import (
     check_invariant_target,
     is_batch_invariant,
     set_batch_invariant,
+    warn_if_uncovered,
 )
 
 __all__ = ["batch_invariant", "check_invariant_target", "is_batch_invariant", "set_batch_invariant",
-           "token_logprobs"]
+           "token_logprobs", "warn_if_uncovered"]

@@ -10,33 +10,16 @@ result equals `Generation.logprobs` bit for bit, whatever the batch and its padd
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 import torch
 
 from exactspec.errors import InvalidType, InvalidValue
-from exactspec.invariant.mode import is_batch_invariant
-from exactspec.models.lean import LeanLlama
+from exactspec.invariant.mode import is_batch_invariant, warn_if_uncovered
 from exactspec.sampling import SamplingParams
 from exactspec.sampling.history import prefix_history
 from exactspec.sampling.logprobs import token_log_probs
 from exactspec.sampling.standardize import law_groups, probs_from_logits_rows
-
-log = logging.getLogger(__name__)
-_WARNED: set[str] = set()  # model types warned about (once per process each)
-
-
-def _warn_if_uncovered(model) -> None:
-    """One warning line when the mode cannot promise the engine's bits for this model."""
-    param = next(model.parameters())
-    if LeanLlama.supports(model) and param.dtype == torch.float32:
-        return
-    kind = f"{getattr(model.config, 'model_type', type(model).__name__)} in {param.dtype}"
-    if kind not in _WARNED:
-        _WARNED.add(kind)
-        log.warning("es.batch_invariant() covers float32 Llama-architecture models; a %s "
-                    "model's token_logprobs are not guaranteed to equal the engine's bits", kind)
 
 
 def _rows(sequences) -> list[list[int]]:
@@ -91,7 +74,7 @@ def token_logprobs(model, sequences, prompt_lengths,
     pos = torch.arange(width, device=dev).expand(b, width)  # [B, L]
     keep = width - int(prompt.min()) + 1  # positions min(P) - 1 .. L - 1
     if is_batch_invariant():
-        _warn_if_uncovered(model)
+        warn_if_uncovered(model)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
                    logits_to_keep=keep).logits  # [B, keep, V]
     if logits.dtype != torch.float64:  # float32 as the engine's (float64 kept: tests)

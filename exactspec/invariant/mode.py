@@ -34,6 +34,7 @@ torch); a float32 model is required (other dtypes fall back to torch's operators
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import warnings
 import weakref
@@ -44,9 +45,12 @@ import torch
 from exactspec import kernels
 from exactspec.errors import InvalidValue
 from exactspec.invariant import ops
+from exactspec.models.lean import LeanLlama
 from exactspec.models.lean_kernels import ROPE_CHUNK, STATIC_ROPE
 
+log = logging.getLogger(__name__)
 _LOCK = threading.RLock()
+_WARNED: set[str] = set()  # model kinds warned about by warn_if_uncovered (once each)
 # "on": the overrides are installed; "manual": set_batch_invariant's setting; "depth": open
 # `batch_invariant()` blocks (any thread); while on, "lib" and "saved_attn" (what to restore)
 _STATE: dict[str, object] = {"on": False, "manual": False, "depth": 0}
@@ -252,15 +256,12 @@ def _disable() -> None:
 def check_invariant_target(model, on: bool) -> bool:
     """`on`, after checking that `model` is one the mode makes bit-equal between the engine
     and the trainer: a float32 Llama-architecture model on the CPU, with the kernels built."""
-    from exactspec.models.lean import LeanLlama
-
     if not isinstance(on, bool):
         raise TypeError(f"batch_invariant={on!r} must be a bool")
     if not on:
         return False
     param = next(model.parameters())
-    if not (LeanLlama.supports(model) and param.dtype == torch.float32
-            and param.device.type == "cpu"):
+    if not covered(model):
         raise InvalidValue(
             f"batch_invariant=True needs a float32 Llama-architecture target on the CPU (got "
             f"{getattr(model.config, 'model_type', type(model).__name__)} in {param.dtype} on "
@@ -269,3 +270,25 @@ def check_invariant_target(model, on: bool) -> bool:
         raise InvalidValue("batch_invariant=True needs the exactspec kernels: build them with "
                            "`python -m exactspec.kernels` (and unset EXACTSPEC_KERNELS=0)")
     return True
+
+
+def covered(model) -> bool:
+    """Whether the mode promises the engine's bits for `model`: float32 Llama on the CPU."""
+    param = next(model.parameters())
+    return (LeanLlama.supports(model) and param.dtype == torch.float32
+            and param.device.type == "cpu")
+
+
+def warn_if_uncovered(model) -> None:
+    """One warning line (per model kind and process) when the mode is used with a model it
+    does not cover: its forward then runs partly on ordinary operators."""
+    if covered(model):
+        return
+    param = next(model.parameters())
+    kind = (f"{getattr(model.config, 'model_type', type(model).__name__)} in {param.dtype} "
+            f"on {param.device}")
+    if kind not in _WARNED:
+        _WARNED.add(kind)
+        log.warning("es.batch_invariant() covers float32 Llama-architecture models on the CPU; "
+                    "a %s model's forward is not guaranteed batch-invariant nor equal to the "
+                    "engine's bits", kind)

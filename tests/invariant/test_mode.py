@@ -198,3 +198,16 @@ def test_blocks_in_threads_keep_the_mode_until_the_last_ends():
     assert es.is_batch_invariant()
     es.set_batch_invariant(False)
     assert not es.is_batch_invariant()
+
+
+def test_an_uncovered_model_is_named_once(model, caplog, monkeypatch):
+    from exactspec.invariant import mode
+
+    monkeypatch.setattr(mode, "_WARNED", set())  # once per process: start this test afresh
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    seqs, plens = [[1, 2, 3, 4]], [2]
+    with es.batch_invariant(), caplog.at_level("WARNING", logger="exactspec.invariant.mode"):
+        es.token_logprobs(half, seqs, plens, es.SamplingParams())
+        es.generate(half, [[1, 2]], max_new_tokens=2)
+    lines = [r.message for r in caplog.records if "covers float32 Llama" in r.message]
+    assert len(lines) == 1 and "torch.bfloat16" in lines[0]
