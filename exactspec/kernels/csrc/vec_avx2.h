@@ -47,4 +47,6 @@ static inline float vhsum(V x) {
   return _mm_cvtss_f32(s1);
 }
 #define ES_MR 2
+#define ES_ROWS_NR1 1  // rows of x up to which tiles of ES_NR1 are used
+#define ES_NR1 4  // columns of W per tile for one row of x
 #define ES_NR 4

@@ -42,4 +42,6 @@ static inline float vhsum(V a) {
   return _mm_cvtss_f32(s1);
 }
 #define ES_MR 4  // rows of x per register tile
+#define ES_ROWS_NR1 2  // rows of x up to which tiles of ES_NR1 are used
+#define ES_NR1 16  // columns of W per tile for one row of x
 #define ES_NR 4  // columns of W per register tile

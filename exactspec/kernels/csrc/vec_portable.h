@@ -44,4 +44,6 @@ static inline float vhsum(V a) {
 }
 #undef ES_LANES
 #define ES_MR 4
+#define ES_ROWS_NR1 1  // rows of x up to which tiles of ES_NR1 are used
+#define ES_NR1 8  // columns of W per tile for one row of x
 #define ES_NR 4
