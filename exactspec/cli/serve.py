@@ -144,12 +144,16 @@ def run(args) -> int:
     verify = value_or(args, "verify", "token")
     if verify not in SERVE_METHODS:  # then a lossy rule, or refused with the choices named
         from exactspec.errors import InvalidValue
-        from exactspec.sampling.lossy import parse_lossy
+        from exactspec.sampling import parse_lossy
 
         try:
-            parse_lossy(verify)
+            rule = parse_lossy(verify)
         except InvalidValue as exc:
             raise UsageError(f"--verify: {exc}") from None
+        if rule is None:  # a lossless method the server does not take (traversal: trees)
+            raise UsageError(f"--verify: unknown verify method {verify!r} for the server; use "
+                             f"{', '.join(SERVE_METHODS)} or a lossy rule lenient:L / "
+                             "typical:EPS")
         warn_lossy(verify, '; responses say "lossless": false')
     if args.ray is not None and args.replicas == 1:
         raise UsageError("--ray needs --replicas N (N >= 2): it places engine replicas")
