@@ -91,11 +91,14 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
   // one or two rows (ES_ROWS_NR1): ES_NR1 weight rows stream from memory at once (measured
   // on one AVX-512 thread, smollm2: a one-row step 42 -> 37 -> 31 ms CPU at 4 / 8 / 16, two
   // rows 46 -> 43 ms; from 5 rows on, the 4 x 4 register tiles below are faster: 52 vs 61 ms)
+  // (bf16 / int8 weights need registers for their conversion: 4 rows, as below; the int8
+  // one-row step took 21 / 23 / 29 ms CPU at 4 / 8 / 16 rows)
+  constexpr int NR1 = (WT == W_F32 || ES_NR1 <= 4) ? ES_NR1 : 4;
   if (M <= ES_ROWS_NR1) {
     int64_t n = n0;
-    for (; n + ES_NR1 <= n1; n += ES_NR1)
+    for (; n + NR1 <= n1; n += NR1)
       for (int64_t m = 0; m < M; ++m)
-        tile<WT, 1, ES_NR1>(x + m * K, K, w, scale, y + m * ldy, ldy, n, M > 1 && m == 0);
+        tile<WT, 1, NR1>(x + m * K, K, w, scale, y + m * ldy, ldy, n, M > 1 && m == 0);
     n0 = n;
   }
   for (int64_t nb = n0; nb < n1; nb += NB) {
