@@ -1,17 +1,20 @@
-"""The README's examples run as written (issue 26), so the docs cannot drift from the code.
+"""The README's and docs/*.md's examples run as written (issues 26 and 22), so the docs cannot
+drift from the code. README.md is the front page; the topic pages in docs/ (one level, `*.md`)
+hold the rest and are checked the same way, README first.
 
 - Every ```python block runs as a script of its own: a fresh namespace (a missing import or
   name fails as in a new file), all blocks in one interpreter to keep the test short (a fresh
   interpreter's lazy names are tested in tests/cli/test_second_contact.py). A block that truly needs
   a long job may opt out with a first line `# not run by tests/test_readme.py: REASON`, shown
-  in the README itself; none does today.
+  in the page itself (the TRL example in docs/batch_and_rl.md does).
 - Every `exactspec ...` command line of the shell blocks (continuation lines joined) is parsed
   by the real argument parser, so a renamed or removed flag fails here. Usage synopses (with
   `[` or `|`) are not commands and are skipped.
 - The commands that need no long run are run: `generate` (with `--max-new-tokens 8` unless
   the line sets a budget) and `explain`, except lines naming a placeholder (DRAFT, HEAD, ...);
-  `serve` is started by the server example's test. `batch`, `bench`, `audit`, `train-draft`
-  and `bench-serve` take minutes and are parsed only.
+  `serve` is started by the server example's test (the README's first `exactspec serve`
+  line). `batch`, `bench`, `audit`, `train-draft` and `bench-serve` take minutes and are
+  parsed only.
 
 The examples use the embedded model (converted once into the model cache, like the other
 `slow` tests) and the gemma3 model for the cross-vocabulary example.
@@ -33,6 +36,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))  # the topic pages, checked like the README
 NOT_RUN = "# not run by tests/test_readme.py:"
 RUN = ("generate", "explain")  # subcommands run; the others are only parsed
 PLACEHOLDER = re.compile(r"^(DRAFT|HEAD|MODEL|PROMPT|GGUF|ADDRESS|IN\.jsonl|OUT\.jsonl|RUN|"
@@ -40,8 +44,8 @@ PLACEHOLDER = re.compile(r"^(DRAFT|HEAD|MODEL|PROMPT|GGUF|ADDRESS|IN\.jsonl|OUT\
 SERVER_PORT = "8000"  # the port the README's server example uses; the test serves elsewhere
 
 
-def fenced_blocks(text: str) -> list[tuple[int, str, str]]:
-    """(line number of the opening fence, language, body) of every fenced block."""
+def fenced_blocks(text: str, name: str = "README.md") -> list[tuple[int, str, str]]:
+    """(line number of the opening fence, language, body) of every fenced block of page `name`."""
     out, lang, start, body = [], None, 0, []
     for number, line in enumerate(text.splitlines(), start=1):
         if line.startswith("```"):
@@ -52,7 +56,7 @@ def fenced_blocks(text: str) -> list[tuple[int, str, str]]:
                 lang = None
         elif lang is not None:
             body.append(line)
-    assert lang is None, f"README.md: the block opened on line {start} is never closed"
+    assert lang is None, f"{name}: the block opened on line {start} is never closed"
     return out
 
 
@@ -75,9 +79,15 @@ def split(line: str) -> list[str] | None:
     return words[1:]
 
 
-BLOCKS = fenced_blocks(README.read_text())
-PYTHON = [(n, body) for n, lang, body in BLOCKS if lang == "python"]
-COMMANDS = [(n, line) for n, lang, body in BLOCKS if lang in ("bash", "")
+def _where(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+# (page:line, language, body) of every fenced block, the README's first
+BLOCKS = [(f"{_where(path)}:{n}", lang, body) for path in (README, *DOCS)
+          for n, lang, body in fenced_blocks(path.read_text(), _where(path))]
+PYTHON = [(where, body) for where, lang, body in BLOCKS if lang == "python"]
+COMMANDS = [(where, line) for where, lang, body in BLOCKS if lang in ("bash", "")
             for line in command_lines(body) if split(line) is not None]
 
 
@@ -88,9 +98,11 @@ def _env() -> dict[str, str]:
 
 def test_the_readme_has_examples_to_check():
     assert len(PYTHON) >= 10 and len(COMMANDS) >= 15
+    front = [w for w, _ in PYTHON + COMMANDS if w.startswith("README.md:")]
+    assert len(front) >= 6, front  # the front page keeps worked examples of its own
 
 
-@pytest.mark.parametrize(("number", "line"), COMMANDS, ids=[f"line{n}" for n, _ in COMMANDS])
+@pytest.mark.parametrize(("number", "line"), COMMANDS, ids=[n for n, _ in COMMANDS])
 def test_every_command_line_parses(number, line):
     from exactspec.cli import build_parser
     from exactspec.cli.common import ArgumentError
@@ -98,7 +110,7 @@ def test_every_command_line_parses(number, line):
     try:
         build_parser().parse_args(split(line))
     except (ArgumentError, SystemExit) as exc:
-        pytest.fail(f"README.md line {number}: {line!r} does not parse: {exc}")
+        pytest.fail(f"{number}: {line!r} does not parse: {exc}")
 
 
 def _runnable(argv: list[str]) -> list[str] | None:
@@ -141,18 +153,18 @@ import json, sys, time, traceback
 for number, body in json.loads(sys.stdin.read()):
     start = time.perf_counter()
     try:
-        exec(compile(body, f"README.md:{number}", "exec"), {"__name__": "__main__"})
+        exec(compile(body, number, "exec"), {"__name__": "__main__"})
         error = None
     except BaseException:
         error = traceback.format_exc()[-4000:]
     print("\\nBLOCK", json.dumps([number, error]), flush=True)  # after a block's own output
-    print(f"README.md:{number} took {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    print(f"{number} took {time.perf_counter() - start:.1f} s", file=sys.stderr)
 """
 
 
 @pytest.fixture(scope="module")
 def block_errors(readme_server, tmp_path_factory) -> dict[int, str | None]:
-    """README line -> None if the block ran, else its traceback."""
+    """page:line -> None if the block ran, else its traceback."""
     todo = [(n, body.replace(f"127.0.0.1:{SERVER_PORT}", f"127.0.0.1:{readme_server}")
              if _server_block(body) else body)
             for n, body in PYTHON if not body.startswith(NOT_RUN)]
@@ -166,17 +178,17 @@ def block_errors(readme_server, tmp_path_factory) -> dict[int, str | None]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("number", "body"), PYTHON, ids=[f"line{n}" for n, _ in PYTHON])
+@pytest.mark.parametrize(("number", "body"), PYTHON, ids=[n for n, _ in PYTHON])
 def test_python_block_runs(number, body, request):
     if body.startswith(NOT_RUN):
         pytest.skip(body.splitlines()[0][len(NOT_RUN):].strip())
     error = request.getfixturevalue("block_errors")[number]
-    assert error is None, f"README.md line {number}:\n{error}"
+    assert error is None, f"{number}:\n{error}"
 
 
 @pytest.fixture(scope="module")
 def readme_server():
-    """The README's `exactspec serve` line (the first of the Server section), on a free port."""
+    """The README's `exactspec serve` line (the first of its Server section), on a free port."""
     from exactspec.serve.main import free_port
 
     line = next(line for _, line in COMMANDS if line.startswith("exactspec serve"))
