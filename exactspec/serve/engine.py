@@ -318,7 +318,15 @@ class ServingEngine:
 
     def _emit(self, sub: Submission, choice: Choice, out, new: list[int]) -> None:
         """Send a choice's new tokens (and its end) to its request."""
-        if sub.cancelled or sub.done:
+        if sub.done:
+            return
+        if sub.cancelled:  # nobody reads it; a row that ended now still counts, once
+            if out.finish_reason is not None:
+                choice.finished = True
+                self.metrics.observe_row(out.stats)
+                if all(c.finished for c in sub.choices):  # no row left for _drop_cancelled
+                    sub.done = True
+                    self.metrics.count("requests", "cancelled")
             return
         spec = sub.spec
         now = time.perf_counter()
