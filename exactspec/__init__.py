@@ -6,6 +6,21 @@ Names are imported on first use (PEP 562 `__getattr__`), so `import exactspec` a
 `exactspec --help` do not pay for torch and transformers. To export a new name, add one line
 to `_LAZY`: public name -> the module that defines it. Subpackages (`es.sampling`,
 `es.drafters`, `es.audit`, ...) are imported on first use the same way.
+
+What lives where (imports point down this list; docs/ has a page per topic):
+sampling/      pure batched math: SamplingParams, p and q from logits, the verify rules
+kernels/       our batch-invariant C++ CPU operators (built at set-up)
+models/        loading, the cache, the target adapter and lean forward, tree attention
+drafters/      every drafter behind one Protocol, and the registry of their flags
+engine/        the decode step and loop: generate / stream, Decoder, Engine for RL
+invariant/     the batch-invariant mode for trainers: batch_invariant(), token_logprobs
+audit/         exact and statistical proofs of losslessness; the seeds' pitfalls
+serve/  batch/ the OpenAI-compatible server; resumable JSONL batch jobs (local or Ray)
+bench/         `exactspec bench`: engines compared on shipped workloads; study tools
+training/      `exactspec train-draft`: data, training and evaluation of EAGLE-style heads
+integrations/  glue for training frameworks (TRL's GRPOTrainer)
+cli/           the `exactspec` command line, one module per subcommand
+errors.py      InvalidValue / InvalidType: the user-mistake errors everything raises
 """
 
 from __future__ import annotations

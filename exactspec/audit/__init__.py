@@ -9,6 +9,7 @@ lossy.py     the drift and acceptance gain of the opt-in lossy verify rules
 trees.py     the tree rules as schemes (exact enumeration, simulation) and the tree pitfalls
 explain.py   the seeds' one-step walk-through table and money diagram
 report.py    the `exactspec audit` run and its table
+(docs/audit.md)
 """
 
 from exactspec.audit.exact import expected_accepted, output_law, tv_distance

@@ -1,4 +1,12 @@
-"""Benchmarks: `exactspec bench` compares exactspec's engines with transformers' on real models."""
+"""Benchmarks: `exactspec bench` compares exactspec's engines with transformers' on real models.
+
+harness.py    the run: every engine on workloads.json, interleaved round by round
+engines.py, specs.py, llama_cpp.py, hf_quantized.py   the engines compared
+rows.py, figures.py   one row's figures; alpha, the analytic bound, the machine
+report.py, table.py, trees.py, tree_report.py         tables and plots (and trees vs chains)
+ceiling.py, width_cost.py, verify_speed.py            study tools (`python -m ...`), not tests
+(docs/performance.md has the dated runs)
+"""
 
 from exactspec.bench.engines import (
     MODES,

@@ -7,6 +7,9 @@ library inside `run`, so `exactspec --help` and `--version` never import torch.
 Exit codes: 0 success; 1 a failed audit, or an internal error (one line, `--debug` for the
 traceback); 2 a user mistake (`exactspec.errors.UserError`, an argparse error, a missing file
 the user named), printed as one line; 130 interrupted (Ctrl-C).
+
+common.py holds what several subcommands share (errors, threads, progress); the subcommands:
+generate, explain, audit, train_draft, bench, batch, serve, bench_serve (docs/cli.md).
 """
 
 from __future__ import annotations

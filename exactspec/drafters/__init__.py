@@ -5,7 +5,8 @@ trees grow (`tree_draft`, `dynamic_tree`, `siblings`), and `registry`: one table
 drafter's name and options (the command line's flags) to its constructor.
 
 Names are imported on first use (PEP 562), so the command line can read the registry's flags
-without importing torch.
+without importing torch. Also: `vocab_map` (the byte matching of `cross_vocab`) and `weights/`
+(the shipped EAGLE head). docs/: quantized.md, trees.md, suffix.md, eagle.md, cross_vocab.md.
 """
 
 from __future__ import annotations

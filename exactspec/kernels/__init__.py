@@ -6,6 +6,11 @@ run by `make run` / `make test`), registered with torch.library as `torch.ops.ex
 `enabled()` says whether the lean forward runs on them (built, and not turned off with
 `EXACTSPEC_KERNELS=0`); `EXACTSPEC_KERNEL_ISA=avx512|avx2|portable` forces an instruction set
 (`set_isa` does it at run time; all three compute the same bits).
+
+ops.py      the Python side: the operators (linear, attention, ...) and the ISA switch
+build.py    compiling `csrc/` for this CPU (`__main__.py`: `python -m exactspec.kernels`)
+csrc/       the C++: ops.cpp (registration), isa.h / impl.h (the fixed reduction order),
+            isa_*.cpp and vec_*.h per instruction set (avx512, avx2, portable)
 """
 
 from exactspec.kernels.ops import (

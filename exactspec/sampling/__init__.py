@@ -5,7 +5,7 @@ methods as objects (token, block, traversal, greedy, lenient:L, typical:EPS), pa
 their names. `verify`: the entry points (verify, acceptance_law, verify_tree, ...); the rules
 are in `chain` (token, block, greedy), `lossy` (lenient, typical) and `tree_verify` (trees, on
 `tree`'s DraftTree); `checks` validates their inputs. `streams`: the random streams.
-Imports nothing from the rest of exactspec but its errors.
+Imports nothing from the rest of exactspec but its errors (docs/sampling.md).
 """
 
 from exactspec.sampling.chain import AcceptanceLaw, Verdict
