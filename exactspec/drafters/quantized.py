@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
+from exactspec.drafters import quantized_auto
 from exactspec.drafters.base import DraftContext, TargetInfo
 from exactspec.drafters.draft_model import DraftModel
 from exactspec.drafters.gguf_draft import GgufDraft, llama_cpp_available, unload
@@ -51,9 +52,11 @@ class QuantizedDraft(DraftModel):
     bits: 8 (int8 per output channel / Q8_0), 4 (min-max int4 groups of `group_size` along
     the input / Q4_0) or 16 (bfloat16 weights, torch only). layers: the target's decoder layers
     the draft keeps (None = all; layer skipping, LayerSkip / SWIFT style, torch only; on
-    smollm2-135m it drafts badly, see the README). backend: "torch", "llama.cpp", or "auto"
-    (llama.cpp when the optional llama-cpp-python package is installed and the options allow
-    it, else torch). tree / siblings: token trees as for DraftModel, fixed (3, 2, 1) or
+    smollm2-135m it drafts badly, see the README). backend: "torch", "llama.cpp", or "auto":
+    where both can run (llama-cpp-python installed, bits 8 / 4, all layers, group_size 32, a
+    chain, a Llama target on the CPU), the faster by a measurement at the first `begin` per
+    target weight version (`drafters/quantized_auto.py`; EXACTSPEC_QUANTIZED_BACKEND forces
+    it), else torch; `backend` reads llama.cpp until that `begin` then. tree / siblings: token trees as for DraftModel, fixed (3, 2, 1) or
     DynamicTree(node_budget=16); torch backend only ("auto" then picks torch). A target the
     lean forward does not run (not a Llama architecture) is drafted by a quantized copy of its
     transformers model (torch, all layers; "auto" picks torch for it, "llama.cpp" is refused).
@@ -97,7 +100,7 @@ class QuantizedDraft(DraftModel):
             if not llama_cpp_available():
                 raise InvalidValue("backend='llama.cpp' needs the optional package "
                                    "llama-cpp-python: install it with `make llama-cpp`")
-        self._auto = backend == "auto"  # resolved again at begin per target (device, architecture)
+        self._auto = backend == "auto"  # resolved again at begin per target (measured)
         if backend == "auto":
             backend = "llama.cpp" if (llama_cpp_available() and bits in GGUF_TYPES
                                       and layers is None and group_size == 32
@@ -108,7 +111,7 @@ class QuantizedDraft(DraftModel):
         self.layers = None if layers is None else tuple(layers)  # kept decoder layers
         self.group_size = group_size  # int4 group along the input dimension
         self.model = None  # the target's Model view, set at begin
-        self._auto_choice = backend  # what "auto" picks for a Llama target on the CPU
+        self._auto_choice = backend  # llama.cpp: "auto" may pick it (both can run), torch: not
         self.forward: LeanLlama | None = None  # the quantized lean forward in use (Llama)
         self.copy = None  # the quantized transformers copy in use (other architectures)
         self._adapter: TargetAdapter | None = None
@@ -144,7 +147,12 @@ class QuantizedDraft(DraftModel):
         lean = LeanLlama.supports(model)
         if self._auto:  # llama.cpp is built for the CPU here, and its export is Llama-only
             on_cpu = next(model.parameters()).device.type == "cpu"
-            self.backend = self._auto_choice if on_cpu and lean else "torch"
+            both = on_cpu and lean and self._auto_choice == "llama.cpp"
+            self.backend = quantized_auto.pick(model, target, self.bits, {
+                "llama.cpp": lambda: self._gguf_for(model),
+                "torch": lambda: QuantizedDraft(self.bits, backend="torch",
+                                                group_size=self.group_size),
+            }) if both else "torch"
         if self.backend == "llama.cpp":
             if not lean:
                 raise InvalidValue(

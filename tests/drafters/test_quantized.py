@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
 from exactspec import SamplingParams
+from exactspec.drafters import quantized_auto
 from exactspec.drafters.gguf_draft import llama_cpp_available
 from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.engine import generate
@@ -122,3 +125,74 @@ def test_bfloat16_target_greedy_equals_plain(backend):
                    max_new_tokens=16, num_draft_tokens=4)
     assert [g.token_ids for g in out] == [g.token_ids for g in plain]
     assert sum(g.stats.accepted for g in out) > 0
+
+
+NEEDS_LLAMA_CPP = pytest.mark.skipif(not llama_cpp_available(),
+                                     reason="llama-cpp-python not installed (make llama-cpp)")
+
+
+@pytest.mark.parametrize("forced", BACKENDS)
+def test_auto_forced_by_the_environment_drafts_with_it_greedy_equals_plain(
+        forced, monkeypatch, caplog):
+    """EXACTSPEC_QUANTIZED_BACKEND picks auto's backend without a measurement (no log line)."""
+    monkeypatch.setenv(quantized_auto.ENV, forced)
+    target = tiny_llama(0)
+    prompts = [[1, 2, 3, 4], [9, 8], [5, 6, 5, 6, 5]]
+    drafter = QuantizedDraft(8)
+    with caplog.at_level(logging.INFO, logger=quantized_auto.__name__):
+        out = generate(target, prompts, drafter=drafter, params=GREEDY, max_new_tokens=24,
+                       num_draft_tokens=4)
+    assert drafter.backend == forced
+    assert (drafter._gguf is not None) == (forced == "llama.cpp")
+    assert not [r for r in caplog.records if r.name == quantized_auto.__name__]
+    plain = generate(target, prompts, params=GREEDY, max_new_tokens=24)
+    assert [g.token_ids for g in out] == [g.token_ids for g in plain]
+    assert sum(g.stats.accepted for g in out) > 0
+
+
+@NEEDS_LLAMA_CPP
+@pytest.mark.parametrize("bits", [8, 4])
+def test_auto_measures_once_per_weight_version_logs_both_costs_and_uses_the_faster(
+        bits, monkeypatch, caplog):
+    monkeypatch.delenv(quantized_auto.ENV, raising=False)
+    target = tiny_llama(0)
+    prompts = [[1, 2, 3, 4], [9, 8]]
+    drafter = QuantizedDraft(bits)
+
+    def run():
+        with caplog.at_level(logging.INFO, logger=quantized_auto.__name__):
+            return generate(target, prompts, drafter=drafter, params=GREEDY, max_new_tokens=16,
+                            num_draft_tokens=4)
+
+    out = run()
+    lines = [r.getMessage() for r in caplog.records if r.name == quantized_auto.__name__]
+    assert len(lines) == 1 and "llama.cpp" in lines[0] and "torch" in lines[0]
+    costs = quantized_auto.COSTS[target][(tuple(p._version for p in target.parameters()), bits)]
+    assert set(costs) == {"llama.cpp", "torch"} and all(c > 0 for c in costs.values())
+    assert drafter.backend == min(costs, key=costs.__getitem__)
+    assert lines[0].endswith(f"picks {drafter.backend}")
+    plain = generate(target, prompts, params=GREEDY, max_new_tokens=16)
+    assert [g.token_ids for g in out] == [g.token_ids for g in plain]
+    caplog.clear()
+    run()  # the same weights: the cached pick, no second measurement
+    assert not [r for r in caplog.records if r.name == quantized_auto.__name__]
+    with torch.no_grad():  # an in-place policy update: measured again
+        for p in target.parameters():
+            p.mul_(-1.0)
+    run()
+    assert len([r for r in caplog.records if r.name == quantized_auto.__name__]) == 1
+
+
+def test_auto_env_value_is_checked(monkeypatch):
+    monkeypatch.setenv(quantized_auto.ENV, "cuda")
+    with pytest.raises(ValueError, match=r"EXACTSPEC_QUANTIZED_BACKEND='cuda'"):
+        generate(tiny_llama(0), [[1, 2, 3]], drafter=QuantizedDraft(8), params=GREEDY,
+                 max_new_tokens=4)
+
+
+def test_auto_keeps_torch_where_llama_cpp_cannot_run(monkeypatch):
+    """The environment decides only where both backends can run: a layer subset is torch's."""
+    monkeypatch.setenv(quantized_auto.ENV, "llama.cpp")
+    drafter = QuantizedDraft(8, layers=[0])
+    generate(tiny_llama(0), [[1, 2, 3]], drafter=drafter, params=GREEDY, max_new_tokens=4)
+    assert drafter.backend == "torch"
