@@ -55,8 +55,8 @@ class QuantizedDraft(DraftModel):
     smollm2-135m it drafts badly, see the README). backend: "torch", "llama.cpp", or "auto":
     where both can run (llama-cpp-python installed, bits 8 / 4, all layers, group_size 32, a
     chain, a Llama target on the CPU), the faster by a measurement at the first `begin` per
-    target weight version (`drafters/quantized_auto.py`; EXACTSPEC_QUANTIZED_BACKEND forces
-    it), else torch; `backend` reads llama.cpp until that `begin` then. tree / siblings: token trees as for DraftModel, fixed (3, 2, 1) or
+    target and bits (`drafters/quantized_auto.py`; EXACTSPEC_QUANTIZED_BACKEND forces it),
+    else torch; `backend` reads llama.cpp until that `begin` then. tree / siblings: token trees as for DraftModel, fixed (3, 2, 1) or
     DynamicTree(node_budget=16); torch backend only ("auto" then picks torch). A target the
     lean forward does not run (not a Llama architecture) is drafted by a quantized copy of its
     transformers model (torch, all layers; "auto" picks torch for it, "llama.cpp" is refused).
@@ -153,6 +153,10 @@ class QuantizedDraft(DraftModel):
                 "torch": lambda: QuantizedDraft(self.bits, backend="torch",
                                                 group_size=self.group_size),
             }) if both else "torch"
+            if self.backend == "torch" and self._gguf is not None:  # measured, and slower
+                self._gguf._free()
+                unload(self._gguf.path)
+                self._gguf = self._gguf_key = None
         if self.backend == "llama.cpp":
             if not lean:
                 raise InvalidValue(

@@ -2,10 +2,11 @@
 
 Neither wins everywhere: llama.cpp's fused Q8_0 / Q4_0 kernels against our own int8 / int4
 lean forward (`exactspec/kernels`) depends on the model's size, the CPU and the instruction set.
-So "auto" measures: once per process, target (its weight version) and bits, it times a few
-draft steps of each backend on a one-row synthetic context (a 16-token prompt, greedy, its own
+So "auto" measures: once per process, target and bits, it times a few draft steps of each backend on a one-row synthetic context (a 16-token prompt, greedy, its own
 random streams: the real rows' streams are not touched), keeps the faster, and logs one line
-with both costs. `EXACTSPEC_QUANTIZED_BACKEND=torch|llama.cpp` forces the pick without timing
+with both costs. Not again after an in-place weight update (an RL step): a step's cost depends
+on the shapes, not on the values, and a re-measure would rebuild the losing backend's copy at
+every policy step. `EXACTSPEC_QUANTIZED_BACKEND=torch|llama.cpp` forces the pick without timing
 (tests, reproducible benchmarks); it decides only where both backends can run (a tree, a layer
 subset, bits=16 or a missing llama-cpp-python still mean torch). Either choice is exact: the
 backend only changes how often drafts are accepted and what a draft token costs.
@@ -33,9 +34,9 @@ PROMPT_LEN = 16  # synthetic prompt tokens
 STEPS = 4  # draft tokens per timed propose
 REPEATS = 3  # timed proposes per backend (the fastest counts), after one untimed warm-up
 
-# target -> {(weight versions, bits): picked backend}; forgotten with the target
+# target -> {bits: picked backend}; forgotten with the target
 _PICKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# target -> {(weight versions, bits): {backend: seconds per draft token}}, as logged
+# target -> {bits: {backend: seconds per draft token}}, as logged
 COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -53,12 +54,12 @@ def forced() -> str | None:
 def pick(model, target: TargetInfo, bits: int,
          drafters: dict[str, Callable[[], object]]) -> str:
     """The backend for `model` (both can run it): forced by the environment, else the faster
-    of `drafters` (backend -> a function giving a drafter to time), measured once per weight
-    version and bits and cached."""
+    of `drafters` (backend -> a function giving a drafter to time), measured once per target
+    and bits and cached."""
     force = forced()
     if force is not None:
         return force
-    key = (tuple(p._version for p in model.parameters()), bits)
+    key = bits
     done = _PICKED.setdefault(model, {})
     if key in done:
         return done[key]

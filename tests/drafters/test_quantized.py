@@ -152,7 +152,7 @@ def test_auto_forced_by_the_environment_drafts_with_it_greedy_equals_plain(
 
 @NEEDS_LLAMA_CPP
 @pytest.mark.parametrize("bits", [8, 4])
-def test_auto_measures_once_per_weight_version_logs_both_costs_and_uses_the_faster(
+def test_auto_measures_once_per_target_logs_both_costs_and_uses_the_faster(
         bits, monkeypatch, caplog):
     monkeypatch.delenv(quantized_auto.ENV, raising=False)
     target = tiny_llama(0)
@@ -167,20 +167,23 @@ def test_auto_measures_once_per_weight_version_logs_both_costs_and_uses_the_fast
     out = run()
     lines = [r.getMessage() for r in caplog.records if r.name == quantized_auto.__name__]
     assert len(lines) == 1 and "llama.cpp" in lines[0] and "torch" in lines[0]
-    costs = quantized_auto.COSTS[target][(tuple(p._version for p in target.parameters()), bits)]
+    costs = quantized_auto.COSTS[target][bits]
     assert set(costs) == {"llama.cpp", "torch"} and all(c > 0 for c in costs.values())
     assert drafter.backend == min(costs, key=costs.__getitem__)
     assert lines[0].endswith(f"picks {drafter.backend}")
     plain = generate(target, prompts, params=GREEDY, max_new_tokens=16)
     assert [g.token_ids for g in out] == [g.token_ids for g in plain]
+    if drafter.backend == "torch":  # the slower llama.cpp copy is not kept loaded
+        assert drafter._gguf is None
     caplog.clear()
-    run()  # the same weights: the cached pick, no second measurement
-    assert not [r for r in caplog.records if r.name == quantized_auto.__name__]
-    with torch.no_grad():  # an in-place policy update: measured again
+    run()  # the cached pick, no second measurement
+    with torch.no_grad():  # nor after an in-place policy update (the shapes set the costs)
         for p in target.parameters():
             p.mul_(-1.0)
-    run()
-    assert len([r for r in caplog.records if r.name == quantized_auto.__name__]) == 1
+    out = run()
+    assert not [r for r in caplog.records if r.name == quantized_auto.__name__]
+    plain = generate(target, prompts, params=GREEDY, max_new_tokens=16)
+    assert [g.token_ids for g in out] == [g.token_ids for g in plain]
 
 
 def test_auto_env_value_is_checked(monkeypatch):
@@ -196,3 +199,34 @@ def test_auto_keeps_torch_where_llama_cpp_cannot_run(monkeypatch):
     drafter = QuantizedDraft(8, layers=[0])
     generate(tiny_llama(0), [[1, 2, 3]], drafter=drafter, params=GREEDY, max_new_tokens=4)
     assert drafter.backend == "torch"
+
+
+@NEEDS_LLAMA_CPP
+@pytest.mark.parametrize("faster", ["llama.cpp", "torch"])
+def test_auto_uses_the_backend_measured_faster(faster, monkeypatch, caplog):
+    """Both outcomes of the measurement, made deterministic by a stand-in timer: the faster
+    backend drafts (the other's llama.cpp copy is freed), the log line says so, greedy ==
+    plain."""
+    monkeypatch.delenv(quantized_auto.ENV, raising=False)
+    timed = []
+
+    def cost(drafter, target):
+        name = "torch" if isinstance(drafter, QuantizedDraft) else "llama.cpp"
+        timed.append(name)
+        return 1e-3 if name == faster else 2e-3
+
+    monkeypatch.setattr(quantized_auto, "_cost", cost)
+    target = tiny_llama(0)
+    prompts = [[1, 2, 3, 4], [9, 8]]
+    drafter = QuantizedDraft(8)
+    with caplog.at_level(logging.INFO, logger=quantized_auto.__name__):
+        out = generate(target, prompts, drafter=drafter, params=GREEDY, max_new_tokens=16)
+    assert sorted(timed) == ["llama.cpp", "torch"]
+    lines = [r.getMessage() for r in caplog.records if r.name == quantized_auto.__name__]
+    assert len(lines) == 1 and lines[0].endswith(f"picks {faster}")
+    assert "llama.cpp 1.00 ms" in lines[0] or "llama.cpp 2.00 ms" in lines[0]
+    assert drafter.backend == faster
+    assert (drafter._gguf is not None) == (faster == "llama.cpp")
+    plain = generate(target, prompts, params=GREEDY, max_new_tokens=16)
+    assert [g.token_ids for g in out] == [g.token_ids for g in plain]
+    assert sum(g.stats.accepted for g in out) > 0
