@@ -186,15 +186,23 @@ def test_other_instruction_sets_give_the_same_bits(isa, model, plain_greedy, pla
     assert _assert_t1_prefix_equal(plain_t1, spec) >= MIN_MEAN_PREFIX * ROWS
 
 
+@pytest.fixture(scope="module")
+def fallback():
+    """A fresh target on the torch path (EXACTSPEC_KERNELS=0) and its plain greedy run."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EXACTSPEC_KERNELS", "0")
+        ops._WARNED.clear()
+        target = _target()
+        assert not lean_forward_for(target).kernels
+        return target, _run(target, GREEDY)
+
+
 @pytest.mark.parametrize("name", DRAFTERS)
-def test_torch_fallback_greedy_ids_equal_plain(name, monkeypatch):
+def test_torch_fallback_greedy_ids_equal_plain(name, fallback, monkeypatch):
     """EXACTSPEC_KERNELS=0: the torch path (shape-dependent summation orders) still gives
     plain's greedy ids on every row here; log p are not compared (not bit-invariant)."""
-    monkeypatch.setenv("EXACTSPEC_KERNELS", "0")
-    ops._WARNED.clear()
-    target = _target()
-    assert not lean_forward_for(target).kernels
-    plain = _run(target, GREEDY)
+    monkeypatch.setenv("EXACTSPEC_KERNELS", "0")  # the drafters' own forwards too
+    target, plain = fallback
     spec = _run(target, GREEDY, _drafter(name, target))
     _assert_greedy_equal(plain, spec, logprobs=False)
 
