@@ -86,9 +86,9 @@ def _drafter(name: str, target):
     if name == "suffix":
         return es.SuffixDrafter()
     if name == "draft-model":
-        return es.DraftModel(perturbed(target, 0.3))
+        return es.DraftModel(perturbed(target, 0.1))
     if name == "draft-model-tree":
-        return es.DraftModel(perturbed(target, 0.3), tree=(3, 2, 1))
+        return es.DraftModel(perturbed(target, 0.1), tree=(3, 2, 1))
     if name == "int8-torch":
         return es.QuantizedDraft(8, backend="torch")
     if name == "int4-torch":
