@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from exactspec.batch.rows import InputRow
+from exactspec.drafters.registry import DrafterSpec, build
+from exactspec.drafters.tree_shape import parse_tree
 from exactspec.engine.session import Engine
 from exactspec.errors import InvalidValue
 from exactspec.models.loading import Model
@@ -21,43 +23,45 @@ STATS_KEYS = ("steps", "drafted", "accepted", "emitted", "acceptance_rate",
               "mean_acceptance_length")
 
 
-def _quantized(target: Model, arg: str):
-    from exactspec.drafters import QuantizedDraft
-
-    return QuantizedDraft(bits=int(arg))
-
-
-def _prompt_lookup(target: Model, arg: str):
-    from exactspec.drafters import PromptLookup
-
-    return PromptLookup()
+# A job's drafter kind -> the registry's name (exactspec.drafters.registry): kinds travel to
+# Ray workers as (kind, argument[, options]) and are built there, through the one table.
+KINDS = {"quantized": "quantized-draft", "prompt-lookup": "prompt-lookup", "draft": "draft",
+         "cross-vocab": "cross-vocab-draft", "eagle": "eagle", "gguf": "gguf-draft"}
+OPTIONS = ("tree", "siblings", "backend", "layers")  # DrafterSpec fields a job may carry
 
 
-def _draft_model(target: Model, arg: str):
-    from exactspec.drafters import DraftModel
-    from exactspec.models import load
-
-    return DraftModel(load(arg))
-
-
-def _cross_vocab(target: Model, arg: str):
-    from exactspec.drafters import CrossVocabDraft
-    from exactspec.models import load
-
-    return CrossVocabDraft(load(arg))
-
-
-def _eagle(target: Model, arg: str):
-    from exactspec.drafters import load_drafter
-
-    return load_drafter(arg, target=target)
+def drafter_spec(kind: str, arg: str, options: tuple = ()) -> DrafterSpec:
+    """The registry's spec of a job's (kind, argument, options); options are (name, value)
+    pairs of OPTIONS, JSON-ready (a tree as its text, layers as a list)."""
+    if kind not in KINDS:
+        raise InvalidValue(f"drafter kind {kind!r} is not one of {sorted(KINDS)}")
+    opts = dict(options)
+    if opts.get("tree") is not None:
+        opts["tree"] = parse_tree(opts["tree"])
+    if opts.get("layers") is not None:
+        opts["layers"] = tuple(opts["layers"])
+    source = int(arg) if kind == "quantized" else arg or None
+    return DrafterSpec(KINDS[kind], source, **opts)
 
 
-# Drafter kinds a job can name (they travel to Ray workers as (kind, argument) and are built
-# there): kind -> factory(target, argument).
+def job_drafter(spec: DrafterSpec | None) -> tuple | None:
+    """A spec as the job records it: (kind, argument), plus the options when it has any."""
+    if spec is None:
+        return None
+    kind = next(k for k, name in KINDS.items() if name == spec.name)
+    opts = tuple((n, _json(n, getattr(spec, n))) for n in OPTIONS if getattr(spec, n) is not None)
+    arg = "" if spec.source is None else str(spec.source)
+    return (kind, arg, opts) if opts else (kind, arg)
+
+
+def _json(name: str, value):
+    """An option as JSON holds it: a tree as its text, layers as a list."""
+    return value.text() if name == "tree" else list(value) if name == "layers" else value
+
+
+# Drafter kinds a job can name: kind -> factory(target, argument), the registry's constructors.
 DRAFTERS: dict[str, Callable[[Model, str], object]] = {
-    "quantized": _quantized, "prompt-lookup": _prompt_lookup, "draft": _draft_model,
-    "cross-vocab": _cross_vocab, "eagle": _eagle,
+    kind: (lambda target, arg, kind=kind: build(drafter_spec(kind, arg), target)) for kind in KINDS
 }
 
 
@@ -66,7 +70,8 @@ class EngineSpec:
     """How a worker builds its engine: plain data, so it can be sent to a Ray actor."""
 
     model: str  # embedded name, transformers directory or .gguf file (es.load)
-    drafter: tuple[str, str] | None = None  # (kind in DRAFTERS, argument), None = plain
+    # (kind in DRAFTERS, argument) or (kind, argument, options: job_drafter); None = plain
+    drafter: tuple | None = None
     num_draft_tokens: int | str = 4  # K, or "auto" (then a seed's text depends on timings)
     verify: str = "token"  # verification method
     stop: tuple[str, ...] = ()  # strings that end a sample
@@ -85,12 +90,7 @@ class EngineSpec:
             from exactspec.models import load
 
             model = load(self.model)
-        drafter = None
-        if self.drafter is not None:
-            kind, arg = self.drafter
-            if kind not in DRAFTERS:
-                raise InvalidValue(f"drafter kind {kind!r} is not one of {sorted(DRAFTERS)}")
-            drafter = DRAFTERS[kind](model, arg)
+        drafter = None if self.drafter is None else build(drafter_spec(*self.drafter), model)
         return Engine(model, drafter, num_draft_tokens=self.num_draft_tokens,
                       verify=self.verify, stop=list(self.stop) or None,
                       batch_size=self.batch_size, batch_invariant=self.batch_invariant)

@@ -120,7 +120,7 @@ def table(rows: list[dict], k: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from exactspec.drafters.eagle import load_drafter
+    from exactspec.drafters.registry import DrafterSpec, build
     from exactspec.models.loading import load
     from exactspec.training.data import read_prompts
 
@@ -141,11 +141,10 @@ def main(argv: list[str] | None = None) -> None:
     model = load(a.model)
     if a.head and a.qdraft:
         ap.error("give --head or --qdraft, not both")
-    head, name = (load_drafter(a.head, target=model), "head") if a.head else (None, "head")
+    head, name = (build(DrafterSpec("eagle", a.head), model), "head") if a.head else (None,
+                                                                                       "head")
     if a.qdraft:
-        from exactspec.drafters import QuantizedDraft
-
-        head = QuantizedDraft(a.qdraft)
+        head = build(DrafterSpec("quantized-draft", a.qdraft), model)
         name = f"qdraft {a.qdraft}-bit ({head.backend})"
     prompts = [model.encode(p, chat=True) for p in read_prompts("heldout_prompts.txt")]
     rows = measure(model, prompts[: a.prompts], k=a.k, max_new_tokens=a.max_new_tokens,

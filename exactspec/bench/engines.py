@@ -20,7 +20,8 @@ from exactspec.bench import llama_cpp
 from exactspec.bench.figures import linear_weight_bytes
 from exactspec.bench.hf_quantized import quantized_copy
 from exactspec.bench.specs import MODES, EngineSpec, Mode, Run, add_counts
-from exactspec.drafters import DraftModel, PromptLookup, QuantizedDraft, SuffixDrafter
+from exactspec.drafters import QuantizedDraft
+from exactspec.drafters.registry import DrafterSpec, build
 from exactspec.engine import generate
 from exactspec.errors import InvalidValue
 from exactspec.models.lean import lean_forward_for
@@ -121,16 +122,17 @@ class Engines:
         self._llama: dict[str, llama_cpp.LlamaCppPlain] = {}  # llama.cpp engine per GGUF type
         # exactspec drafter per name, built from the spec (its tree, if any)
         self._drafters: dict[str, Callable[[EngineSpec], object]] = {
-            "lookup": _lookup,
+            "lookup": lambda s: self._build(s, "prompt-lookup", matches="3x4"),
             # a fresh cache per run: every engine sees each prompt the same number of times
-            "suffix": _suffix,
-            "draft": lambda s: DraftModel(self.draft, **_tree_kwargs(s)),
+            "suffix": lambda s: self._build(s, "suffix", matches="2x4"),
+            "draft": lambda s: self._build(s, "draft", self.draft),
             "eagle": self._eagle_drafter,
-            "int8": _chain_only(lambda: QuantizedDraft(8)),  # backend auto: llama.cpp if installed
-            "int4": _chain_only(lambda: QuantizedDraft(4)),
+            # backend auto: llama.cpp if installed (chains only)
+            "int8": _chain_only(lambda s: self._build(s, "quantized-draft", 8)),
+            "int4": _chain_only(lambda s: self._build(s, "quantized-draft", 4)),
             # trees on the torch backend only (llama.cpp drafts chains)
-            "int8-torch": lambda s: QuantizedDraft(8, backend="torch", **_tree_kwargs(s)),
-            "int4-torch": lambda s: QuantizedDraft(4, backend="torch", **_tree_kwargs(s)),
+            "int8-torch": lambda s: self._build(s, "quantized-draft", 8, backend="torch"),
+            "int4-torch": lambda s: self._build(s, "quantized-draft", 4, backend="torch"),
         }
 
     def available(self, spec: EngineSpec) -> bool:
@@ -174,6 +176,16 @@ class Engines:
         if spec.drafter not in self._drafters:
             raise InvalidValue(f"unknown drafter {spec.drafter!r}; have {sorted(self._drafters)}")
         return self._drafters[spec.drafter](spec)
+
+    def _build(self, spec: EngineSpec, name: str, source=None, *, backend: str | None = None,
+               matches: str | None = None):
+        """The registry's drafter `name` (exactspec.drafters.registry) with the spec's tree;
+        `matches`: a point-mass drafter whose trees are spelled MxD (example shown)."""
+        if matches is not None and spec.tree is not None:
+            _matches(spec, DRAFTER_WORD[name], matches)
+        return build(DrafterSpec(name, source, tree=spec.tree,
+                                 siblings=spec.siblings if spec.tree is not None else None,
+                                 backend=backend), self.target)
 
     def _eagle_drafter(self, spec: EngineSpec):
         """The loaded head (loaded once); a tree engine gets its own drafter over the same
@@ -272,6 +284,9 @@ def _tree_kwargs(spec: EngineSpec) -> dict:
     return {} if spec.tree is None else dict(tree=spec.tree, siblings=spec.siblings)
 
 
+DRAFTER_WORD = {"prompt-lookup": "lookup", "suffix": "suffix"}  # as engine names say them
+
+
 def _matches(spec: EngineSpec, word: str, example: str) -> tuple[int, int]:
     """(M, D) of a point-mass tree spelled '<word> tree MxD', tree (M, 1, ..., 1), M >= 2."""
     m, *rest = spec.tree if spec.tree.fixed else (0,)
@@ -282,32 +297,15 @@ def _matches(spec: EngineSpec, word: str, example: str) -> tuple[int, int]:
     return m, len(spec.tree)
 
 
-def _lookup(spec: EngineSpec) -> PromptLookup:
-    """Prompt lookup: a chain, or for tree (M, 1, ..., 1) the M latest matches of depth D."""
-    if spec.tree is None:
-        return PromptLookup(min_ngram=1, max_ngram=3)
-    m, depth = _matches(spec, "lookup", "3x4")
-    return PromptLookup(min_ngram=1, max_ngram=3, branches=m, depth=depth)
-
-
-def _suffix(spec: EngineSpec) -> SuffixDrafter:
-    """SuffixDrafter; its tree 'suffix tree MxD' = at most M children per node, D deep, M x D
-    nodes (the verify width the bench accounts for)."""
-    if spec.tree is None:
-        return SuffixDrafter()
-    m, depth = _matches(spec, "suffix", "2x4")
-    return SuffixDrafter(branches=m, depth=depth, tree_nodes=m * depth)
-
-
-def _chain_only(build: Callable[[], object]) -> Callable[[EngineSpec], object]:
+def _chain_only(make: Callable[[EngineSpec], object]) -> Callable[[EngineSpec], object]:
     """A factory for a drafter that drafts chains only: a tree spec is refused by name."""
-    def make(spec: EngineSpec):
+    def chain(spec: EngineSpec):
         if spec.tree is not None:
             raise InvalidValue(f"{spec.name!r}: the {spec.drafter!r} drafter drafts chains "
                                "only in the bench; drop the tree or use eagle, lookup, draft or "
                                "qdraft int8 torch")
-        return build()
-    return make
+        return make(spec)
+    return chain
 
 
 def _sync(device: torch.device) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from exactspec.cli.common import UsageError, at_least, draft_tokens, refuse_without, value_or
+from exactspec.cli.common import at_least, draft_tokens, refuse_without, value_or
+from exactspec.drafters.registry import add_drafter_flags, drafter_flags, drafter_spec
 
 
 def add(sub) -> None:
@@ -26,19 +27,7 @@ def add(sub) -> None:
     p.add_argument("output", metavar="OUT.jsonl", help="output rows (appended; resumed)")
     p.add_argument("--model", default="smollm2-135m",
                    help="target: embedded name, transformers directory or .gguf file")
-    drafters = p.add_mutually_exclusive_group()
-    drafters.add_argument("--quantized-draft", metavar="BITS", nargs="?", const="8",
-                          default=None, help="draft with the target itself, weight-only "
-                          "quantized: 8 (int8, the default), 4 (int4) or 16 (bfloat16) bits")
-    drafters.add_argument("--prompt-lookup", action="store_true",
-                          help="draft by copying n-grams from the prompt and output")
-    drafters.add_argument("--draft", metavar="MODEL", default=None,
-                          help="draft model sharing the target's vocabulary")
-    drafters.add_argument("--cross-vocab-draft", metavar="MODEL", default=None,
-                          help="draft model with another tokenizer (es.CrossVocabDraft)")
-    drafters.add_argument("--eagle", metavar="HEAD", nargs="?", const="smollm2-135m",
-                          default=None, help="draft with an EAGLE-style head (the shipped name "
-                          "or a train-draft directory)")
+    add_drafter_flags(p)  # the same drafter flags as generate and serve
     p.add_argument("--n", type=at_least(1), default=1, help="samples per row (default 1)")
     p.add_argument("--max-new-tokens", type=at_least(1), default=128)
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
@@ -82,38 +71,22 @@ def add(sub) -> None:
     p.set_defaults(run=run)
 
 
-def _drafter(args: argparse.Namespace) -> tuple[str, str] | None:
-    if args.quantized_draft is not None:
-        if args.quantized_draft not in ("4", "8", "16"):
-            raise UsageError(f"--quantized-draft takes 8 (int8), 4 (int4) or 16 (bfloat16) "
-                             f"bits, got {args.quantized_draft}")
-        return ("quantized", args.quantized_draft)
-    if args.prompt_lookup:
-        return ("prompt-lookup", "")
-    if args.draft:
-        return ("draft", args.draft)
-    if args.cross_vocab_draft:
-        return ("cross-vocab", args.cross_vocab_draft)
-    if args.eagle:
-        return ("eagle", args.eagle)
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
     refuse_without(args, {"workers": "--workers"}, args.ray is not None, "--ray")
-    drafter = _drafter(args)
+    spec = drafter_spec(args)  # refuses ignored drafter flags
     refuse_without(args, {"num_draft_tokens": "--num-draft-tokens", "verify": "--verify"},
-                   drafter is not None, "a drafter (--quantized-draft, --prompt-lookup, --draft, "
-                   "--cross-vocab-draft or --eagle); without one, decoding is plain")
+                   spec is not None, f"a drafter ({drafter_flags()}); without one, decoding "
+                   "is plain")
     workers = value_or(args, "workers", 2)
     from exactspec.batch import BatchConfig, EngineSpec, run_batch
+    from exactspec.batch.work import job_drafter
     from exactspec.sampling import SamplingParams
 
     if args.threads is not None and args.ray is None:
         import torch
 
         torch.set_num_threads(args.threads)
-    spec = EngineSpec(model=args.model, drafter=drafter,
+    engine = EngineSpec(model=args.model, drafter=job_drafter(spec),
                       num_draft_tokens=value_or(args, "num_draft_tokens", 4),
                       verify=value_or(args, "verify", "token"), stop=tuple(args.stop or ()),
                       batch_size=args.batch_size,
@@ -123,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty)
-    cfg = BatchConfig(input=args.input, output=args.output, engine=spec, n=args.n,
+    cfg = BatchConfig(input=args.input, output=args.output, engine=engine, n=args.n,
                       max_new_tokens=args.max_new_tokens, params=params, seed=args.seed,
                       logprobs=args.logprobs, errors=args.errors, ray=args.ray is not None,
                       address=args.ray or None, workers=workers)

@@ -14,32 +14,16 @@ from exactspec.cli.common import (
     value_or,
     warn_lossy,
 )
+from exactspec.drafters.registry import add_drafter_flags, drafter_flags, drafter_spec
 
 SERVE_METHODS = ("token", "block", "greedy")  # the lossless --verify methods of a chain
 
 
-def add_drafter_flags(p) -> None:
-    """--prompt-lookup | --draft M | --eagle [HEAD] | --quantized-draft 8|4, one at most."""
-    drafters = p.add_mutually_exclusive_group()
-    drafters.add_argument("--prompt-lookup", action="store_true",
-                          help="draft by copying n-grams from the prompt and output")
-    drafters.add_argument("--draft", metavar="MODEL", default=None,
-                          help="draft model sharing the target's vocabulary")
-    drafters.add_argument("--cross-vocab-draft", metavar="MODEL", default=None,
-                          help="draft model with another tokenizer (es.CrossVocabDraft)")
-    drafters.add_argument("--eagle", metavar="HEAD", nargs="?", const="smollm2-135m",
-                          default=None, help="EAGLE-style head: the shipped name (default "
-                          "smollm2-135m) or a directory from train-draft")
-    drafters.add_argument("--quantized-draft", type=int, choices=(8, 4), default=None,
-                          metavar="8|4", help="the target itself, weight-only quantized")
-
-
 def drafter_choice(args):
+    """The drafter the flags name (exactspec.drafters.registry), as the server's choice."""
     from exactspec.serve import DrafterChoice
 
-    return DrafterChoice(prompt_lookup=args.prompt_lookup, draft=args.draft, eagle=args.eagle,
-                         quantized_draft=args.quantized_draft,
-                         cross_vocab_draft=getattr(args, "cross_vocab_draft", None))
+    return DrafterChoice.of(drafter_spec(args))
 
 
 def port(text: str) -> int:
@@ -135,11 +119,9 @@ def run(args) -> int:
 
     if args.request_timeout <= 0:
         raise UsageError(f"--request-timeout must be > 0, got {args.request_timeout}")
-    has_drafter = bool(args.prompt_lookup or args.draft or args.eagle or args.quantized_draft
-                       or args.cross_vocab_draft)
+    has_drafter = drafter_spec(args) is not None  # refuses ignored drafter flags
     refuse_without(args, {"num_draft_tokens": "--num-draft-tokens", "verify": "--verify"},
-                   has_drafter, "a drafter (--prompt-lookup, --draft, --cross-vocab-draft, "
-                   "--eagle or --quantized-draft)")
+                   has_drafter, f"a drafter ({drafter_flags()})")
     check_bind(args.host, args.port)  # before the model loads: a busy port is one line
     verify = value_or(args, "verify", "token")
     if verify not in SERVE_METHODS:  # then a lossy rule, or refused with the choices named

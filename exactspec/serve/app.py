@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException
 from exactspec.drafters.base import Drafter
 from exactspec.engine.results import GenerationStats
 from exactspec.models.loading import Model
-from exactspec.sampling import is_lossless
+from exactspec.sampling import is_lossless, parse_method
 from exactspec.serve.engine import Delta, EngineConfig, Failed, Finished, ServingEngine, Submission
 from exactspec.serve.metrics import Metrics
 from exactspec.serve.protocol import ApiError, RequestSpec, bad, parse_request
@@ -70,8 +70,10 @@ def create_app(model: Model, drafter: Drafter | None, config: ServerConfig) -> F
     created = int(time.time())
     lossless = drafter is None or is_lossless(config.engine.verify)  # False: an opt-in lossy rule
     verify = config.engine.verify  # reported by name; a callable (tests) by its function's name
-    verify_name = verify if isinstance(verify, str) else getattr(verify, "__name__", "callable")
+    verify_name = (str(verify) if not callable(verify)  # a method (or its name)
+                   else getattr(verify, "__name__", "callable"))
     lossless_header = {"X-Exactspec-Lossless": "true" if lossless else "false"}
+    greedy_only = not callable(verify) and parse_method(verify).greedy_only  # T = 0 only
 
     if config.api_key is not None:
         app.add_middleware(_ApiKey, key=config.api_key, metrics=metrics)
@@ -108,7 +110,7 @@ def create_app(model: Model, drafter: Drafter | None, config: ServerConfig) -> F
             except ValueError:
                 raise bad("the request body is not valid JSON", None) from None
             spec = parse_request(body, kind, model, config.served_name, config.max_tokens_cap)
-            if config.engine.verify == "greedy" and not spec.params.is_greedy:
+            if greedy_only and not spec.params.is_greedy:
                 raise bad(f"temperature={spec.params.temperature}: this server verifies "
                           "greedily (--verify greedy), which is the target's law only at "
                           "temperature 0; send temperature=0", "temperature")

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import uvicorn
 
-import exactspec
 from exactspec.drafters.base import Drafter
+from exactspec.drafters.registry import DrafterSpec, build, drafter_flags
 from exactspec.errors import InvalidValue
 from exactspec.models.loading import Model
 from exactspec.serve.app import ServerConfig, create_app
@@ -25,41 +25,47 @@ from exactspec.serve.app import ServerConfig, create_app
 
 @dataclass
 class DrafterChoice:
-    """Which drafter the server speculates with (at most one field set)."""
+    """Which drafter the server speculates with (at most one field set): the registry's
+    spec (what the command line's flags say), or one of the named fields."""
 
     prompt_lookup: bool = False  # n-gram copies from the context
     draft: str | None = None  # a draft model: embedded name, directory or .gguf
     eagle: str | None = None  # an EAGLE-style head: shipped name or train-draft directory
-    quantized_draft: int | None = None  # the target itself, weight-only quantized to 8 or 4 bits
+    quantized_draft: int | None = None  # the target itself, weight-only quantized: 8, 4 or 16
     cross_vocab_draft: str | None = None  # a draft model with another tokenizer (CrossVocabDraft)
+    spec: DrafterSpec | None = None  # any drafter of exactspec.drafters.registry, with options
+
+    @classmethod
+    def of(cls, spec: DrafterSpec | None) -> DrafterChoice:
+        """The choice of a registry spec: its named field when it has one and no options."""
+        named = {"prompt-lookup": "prompt_lookup", "draft": "draft", "eagle": "eagle",
+                 "quantized-draft": "quantized_draft", "cross-vocab-draft": "cross_vocab_draft"}
+        if spec is None:
+            return cls()
+        if spec.name in named and spec == DrafterSpec(spec.name, spec.source):
+            return cls(**{named[spec.name]: True if spec.source is None else spec.source})
+        return cls(spec=spec)
+
+    def to_spec(self) -> DrafterSpec | None:
+        """The registry's spec of this choice (None: plain decoding)."""
+        named = [DrafterSpec(name, source) for name, source, given in (
+            ("prompt-lookup", None, self.prompt_lookup), ("draft", self.draft, None),
+            ("cross-vocab-draft", self.cross_vocab_draft, None), ("eagle", self.eagle, None),
+            ("quantized-draft", self.quantized_draft, None)) if given or source is not None]
+        named += [self.spec] if self.spec is not None else []
+        if len(named) > 1:
+            raise InvalidValue(f"choose at most one drafter: {drafter_flags()}")
+        return named[0] if named else None
 
 
 def build_drafter(choice: DrafterChoice, target: Model) -> tuple[Drafter | None, str]:
-    """The drafter and its name for reports; raises InvalidValue for an impossible choice."""
-    given = [choice.prompt_lookup, choice.draft is not None, choice.eagle is not None,
-             choice.quantized_draft is not None, choice.cross_vocab_draft is not None]
-    if sum(given) > 1:
-        raise InvalidValue("choose at most one drafter: --prompt-lookup, --draft, "
-                           "--cross-vocab-draft, --eagle or --quantized-draft")
-    if choice.prompt_lookup:
-        return exactspec.PromptLookup(), "prompt-lookup"
-    if choice.draft is not None:
-        return exactspec.DraftModel(exactspec.load(choice.draft)), f"draft:{choice.draft}"
-    if choice.cross_vocab_draft is not None:
-        return (exactspec.CrossVocabDraft(exactspec.load(choice.cross_vocab_draft)),
-                f"cross-vocab-draft:{choice.cross_vocab_draft}")
-    if choice.eagle is not None:
-        return exactspec.load_drafter(choice.eagle, target=target), f"eagle:{choice.eagle}"
-    if choice.quantized_draft is not None:
-        if choice.quantized_draft not in (4, 8):
-            raise InvalidValue(f"--quantized-draft {choice.quantized_draft}: the bits must be 8 "
-                               "or 4")
-        quantized = getattr(exactspec, "QuantizedDraft", None)
-        if quantized is None:
-            raise InvalidValue("--quantized-draft needs exactspec.QuantizedDraft, which this "
-                               "version does not have yet; use --prompt-lookup or --eagle")
-        return quantized(bits=choice.quantized_draft), f"quantized-{choice.quantized_draft}bit"
-    return None, "plain"
+    """The drafter and its name for reports ("draft:MODEL"); raises InvalidValue for an
+    impossible choice."""
+    spec = choice.to_spec()
+    if spec is None:
+        return None, "plain"
+    return build(spec, target), spec.name + ("" if spec.source in (None, "") else
+                                              f":{spec.source}")
 
 
 def serve(model: Model, drafter: Drafter | None, config: ServerConfig, *, host: str = "127.0.0.1",
