@@ -22,7 +22,13 @@ import sys
 import traceback
 
 from exactspec import __version__
-from exactspec.cli.common import ArgumentError, Parser, UsageError, names_user_file
+from exactspec.cli.common import (
+    ArgumentError,
+    Parser,
+    UsageError,
+    end_lossy_warning,
+    names_user_file,
+)
 from exactspec.errors import UserError
 
 # subcommand modules of exactspec.cli, in --help order; each has add(sub) and run(args)
@@ -95,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exactspec {args.command}: internal error: {type(exc).__name__}: "
               f"{_one_line(exc)} (run with --debug for the traceback)", file=sys.stderr)
         return 1
+    finally:
+        end_lossy_warning()  # a lossy rule's library warning is the CLI's only while it runs
 
 
 def _one_line(exc: BaseException, limit: int = 500) -> str:

@@ -132,13 +132,22 @@ def warn_lossy(verify: str, tail: str = "") -> None:
     """The one stderr line every command prints when `verify` is an opt-in lossy rule.
 
     The library logs its own warning at each `generate` call with such a rule; after this
-    line that record would repeat it, so it is dropped from here on (the CLI's line is the one).
+    line that record would repeat it, so it is dropped until the command ends (`main` calls
+    `end_lossy_warning`; the CLI's line is the one).
     """
     print(f"warning: --verify {verify} is a lossy rule: the text is NOT distributed as the "
           f"target's (exactspec audit --lossy measures how far){tail}", file=sys.stderr)
     logger = logging.getLogger("exactspec.engine.arguments")
     if not any(isinstance(f, _LossyRecordFilter) for f in logger.filters):
         logger.addFilter(_LossyRecordFilter())
+
+
+def end_lossy_warning() -> None:
+    """Lets the library's lossy-rule record through again (a command ended; in-process callers
+    such as tests run more than one)."""
+    logger = logging.getLogger("exactspec.engine.arguments")
+    for f in [f for f in logger.filters if isinstance(f, _LossyRecordFilter)]:
+        logger.removeFilter(f)
 
 
 class _LossyRecordFilter(logging.Filter):
