@@ -102,6 +102,17 @@ def test_the_readme_has_examples_to_check():
     assert len(front) >= 6, front  # the front page keeps worked examples of its own
 
 
+LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)")  # a Markdown link's target, anchor cut
+
+
+def test_every_relative_link_resolves():
+    """A page moved or renamed in docs/ leaves no dead link in the README or the other pages."""
+    dead = [(_where(path), target) for path in (README, *DOCS)
+            for target in LINK.findall(path.read_text())
+            if "://" not in target and not (path.parent / target).exists()]
+    assert not dead, dead
+
+
 @pytest.mark.parametrize(("number", "line"), COMMANDS, ids=[n for n, _ in COMMANDS])
 def test_every_command_line_parses(number, line):
     from exactspec.cli import build_parser
