@@ -163,13 +163,22 @@ def stop_law(a: torch.Tensor) -> torch.Tensor:  # a [B, K] f64 -> [B, K+1] f64
 def token_law(p: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, *,
               check: bool = True, name: str = "token") -> AcceptanceLaw:
     """Token-level verification (module docstring); p [B, K+1, V], x [B, K], q [B, K, V]."""
+    return ratio_law(p, x, q, check=check, name=name)
+
+
+def ratio_law(p: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, *, check: bool,
+              name: str, scale: float = 1.0) -> AcceptanceLaw:
+    """Drafts accepted in order with a_i = min(1, p_i(x_i) / (scale q_i(x_i))), stopping at
+    the first rejection: token-level verification at scale 1 (lossless; 1.0 * q is q to the
+    bit), the opt-in lossy lenient:L at scale L. p [B, K+1, V], x [B, K], q [B, K, V]."""
     lengths, valid, xs, p_x = prepare_chain(p, x, q, check)
     bsz, k = x.shape
     w = ones(bsz, k, p.device)
     if k == 0:
         return AcceptanceLaw(name, ones(bsz, 0, p.device), p, x, q, lengths, w)
     q_x = draft_q_at(p_x, q, xs, valid)
-    a = torch.where(valid, torch.clamp(p_x / q_x, max=1.0), torch.zeros_like(p_x))  # [B, K]
+    a = torch.clamp(p_x / (scale * q_x), max=1.0)  # [B, K]
+    a = torch.where(valid, a, torch.zeros_like(a))
     return AcceptanceLaw(name, stop_law(a), p, x, q, lengths, w)
 
 

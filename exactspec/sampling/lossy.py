@@ -24,8 +24,7 @@ import math
 
 import torch
 
-from exactspec.sampling.chain import AcceptanceLaw, ones, prepare_chain, stop_law
-from exactspec.sampling.checks import draft_q_at
+from exactspec.sampling.chain import AcceptanceLaw, ones, prepare_chain, ratio_law, stop_law
 
 
 class TypicalLaw(AcceptanceLaw):
@@ -39,15 +38,7 @@ class TypicalLaw(AcceptanceLaw):
 def lenient_law(lenience: float, name: str, p: torch.Tensor, x: torch.Tensor,
                 q: torch.Tensor | None, *, check: bool = True) -> AcceptanceLaw:
     """The exact law of one step of lenient:L (module docstring); p [B, K+1, V], x [B, K]."""
-    lengths, valid, xs, p_x = prepare_chain(p, x, q, check)
-    bsz, k = x.shape
-    w = ones(bsz, k, p.device)
-    if k == 0:
-        return AcceptanceLaw(name, ones(bsz, 0, p.device), p, x, q, lengths, w)
-    q_x = draft_q_at(p_x, q, xs, valid)
-    a = torch.clamp(p_x / (lenience * q_x), max=1.0)  # [B, K]
-    a = torch.where(valid, a, torch.zeros_like(a))
-    return AcceptanceLaw(name, stop_law(a), p, x, q, lengths, w)
+    return ratio_law(p, x, q, check=check, name=name, scale=lenience)
 
 
 def typical_law(eps: float, name: str, p: torch.Tensor, x: torch.Tensor,

