@@ -21,7 +21,7 @@ from exactspec.engine import generate
 from exactspec.engine.api import _stream_seeds
 from exactspec.engine.loop import DecodeConfig, Decoder
 from exactspec.models import adapter as adapter_module
-from tests.engine.test_rows import MIXED, PROMPTS, _eagle
+from tests.engine.test_rows import MIXED, PROMPTS, _eagle, admit_staggered
 from tests.engine.tiny import perturbed, tiny_llama
 
 K = 3
@@ -172,15 +172,7 @@ def test_rows_admitted_between_steps_equal_a_batch_started_with_them(target, kin
                     max_new_tokens=20, num_draft_tokens=K, return_logprobs=True)
     dec = _decoder(target, _drafter(kind, target))
     rows = [dec.make_row(i, PROMPTS[i], MIXED[i], seeds[i]) for i in range(4)]
-    dec.admit([rows[0]])
-    for step in range(1, 100):
-        if not dec.rows:
-            break
-        dec.step()
-        if step == 2:
-            dec.admit(rows[2:])
-        if step == 4:
-            dec.admit([rows[1]])
+    admit_staggered(dec, rows)
     assert [r.output.tokens for r in rows] == [g.token_ids for g in full]
 
 

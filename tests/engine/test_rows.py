@@ -121,15 +121,7 @@ def test_rows_admitted_between_steps_equal_a_batch_started_with_them(target, kin
                     max_new_tokens=20, num_draft_tokens=3, return_logprobs=True)
     dec = _decoder(target, _drafter(kind, target), MIXED)
     rows = [dec.make_row(i, PROMPTS[i], MIXED[i], seeds[i]) for i in range(4)]
-    dec.admit([rows[0]])
-    for step in range(1, 100):
-        if not dec.rows:
-            break
-        dec.step()
-        if step == 2:
-            dec.admit(rows[2:])
-        if step == 4:
-            dec.admit([rows[1]])
+    admit_staggered(dec, rows)
     assert [r.output.tokens for r in rows] == _ids(full)
     for r, g in zip(rows, full, strict=True):
         assert r.output.logprobs == pytest.approx(g.logprobs, abs=1e-5)
@@ -151,3 +143,16 @@ def test_rows_admitted_after_others_finished(target):
     alone = generate(target, [PROMPTS[3]], drafter=DraftModel(target), params=[MIXED[3]],
                      max_new_tokens=3, num_draft_tokens=3)
     assert later.output.tokens == alone[0].token_ids and len(first.output.tokens) == 3
+
+
+def admit_staggered(dec: Decoder, rows: list) -> None:
+    """Row 0 first, rows 2.. after two steps, row 1 after four; step until every row ends."""
+    dec.admit([rows[0]])
+    for step in range(1, 100):
+        if not dec.rows:
+            break
+        dec.step()
+        if step == 2:
+            dec.admit(rows[2:])
+        if step == 4:
+            dec.admit([rows[1]])
