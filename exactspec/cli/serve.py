@@ -16,7 +16,33 @@ from exactspec.cli.common import (
 )
 from exactspec.drafters.registry import add_drafter_flags, drafter_flags, drafter_spec
 
-SERVE_METHODS = ("token", "block", "greedy")  # the lossless --verify methods of a chain
+
+def serve_method(name: str):
+    """--verify parsed once into its method object (exactspec.sampling.methods), the same
+    choices as generate's (traversal: block on chains, its own rule on trees), refused in one
+    line when unknown or out of range; a lossy rule is warned about here, once."""
+    from exactspec.errors import InvalidValue
+    from exactspec.sampling import parse_method
+
+    try:
+        method = parse_method(name)
+    except InvalidValue as exc:
+        raise UsageError(f"--verify: {exc}") from None
+    if not method.lossless:
+        warn_lossy(method.name, '; responses say "lossless": false')
+    return method
+
+
+def check_tree_method(drafter, verify) -> None:
+    """A tree drafter's method refused before serving, as generate refuses it (block has no
+    tree rule; traversal needs a fixed shape or deterministic siblings)."""
+    from exactspec.engine.tree_step import tree_rule
+    from exactspec.errors import InvalidValue
+
+    try:
+        tree_rule(drafter, verify)
+    except InvalidValue as exc:
+        raise UsageError(f"--verify: {exc}") from None
 
 
 def drafter_choice(args):
@@ -86,7 +112,8 @@ def add(sub) -> None:
                    "never makes the server slower; still exact, but a seed's text then "
                    "depends on timings: give N for reproducible seeded text); needs a drafter")
     p.add_argument("--verify", default=None, metavar="METHOD",
-                   help="verification method: token (default), block (lossless), greedy (exact "
+                   help="verification method: token (default), block, traversal (lossless), "
+                   "greedy (exact "
                    "only at temperature 0: other requests are refused with 400), or the opt-in "
                    "lossy rules lenient:L / typical:EPS (a warning is printed at start-up and "
                    "every response says lossless: false); needs a drafter")
@@ -123,20 +150,7 @@ def run(args) -> int:
     refuse_without(args, {"num_draft_tokens": "--num-draft-tokens", "verify": "--verify"},
                    has_drafter, f"a drafter ({drafter_flags()})")
     check_bind(args.host, args.port)  # before the model loads: a busy port is one line
-    verify = value_or(args, "verify", "token")
-    if verify not in SERVE_METHODS:  # then a lossy rule, or refused with the choices named
-        from exactspec.errors import InvalidValue
-        from exactspec.sampling import parse_lossy
-
-        try:
-            rule = parse_lossy(verify)
-        except InvalidValue as exc:
-            raise UsageError(f"--verify: {exc}") from None
-        if rule is None:  # a lossless method the server does not take (traversal: trees)
-            raise UsageError(f"--verify: unknown verify method {verify!r} for the server; use "
-                             f"{', '.join(SERVE_METHODS)} or a lossy rule lenient:L / "
-                             "typical:EPS")
-        warn_lossy(verify, '; responses say "lossless": false')
+    verify = serve_method(value_or(args, "verify", "token"))  # parsed once, here
     if args.ray is not None and args.replicas == 1:
         raise UsageError("--ray needs --replicas N (N >= 2): it places engine replicas")
     if args.replicas > 1:  # the replicas load the model themselves, on Ray
@@ -145,6 +159,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     model = load(args.model)
     drafter, name = build_drafter(drafter_choice(args), model)
+    check_tree_method(drafter, verify)
     config = ServerConfig(
         served_name=args.served_name or args.model, api_key=args.api_key,
         request_timeout=args.request_timeout, drafter_name=name,
@@ -155,7 +170,7 @@ def run(args) -> int:
     return 0
 
 
-def _replicas(args, verify: str, has_drafter: bool) -> int:
+def _replicas(args, verify, has_drafter: bool) -> int:
     """`--replicas N`: N engines behind one endpoint on Ray Serve (exactspec/serve/replicas.py)."""
     from exactspec.serve import EngineConfig, ServerConfig
     from exactspec.serve.replicas import ReplicaSpec, serve_replicas

@@ -25,7 +25,7 @@ from exactspec.engine.results import Generation
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.invariant import batch_invariant, check_invariant_target
 from exactspec.models.loading import Model, as_target, load
-from exactspec.sampling import SamplingParams
+from exactspec.sampling import SamplingParams, parse_method
 
 
 class Engine:
@@ -54,7 +54,8 @@ class Engine:
         self.params = _check_params(params) if params is not None else SamplingParams()
         self.max_new_tokens = max_new_tokens  # default per call
         self.num_draft_tokens = num_draft_tokens  # K, or "auto"
-        self.verify = verify  # "token" | "block" | "greedy" | a callable
+        # the verify method, parsed once here (VerifyMethod), or a callable passed through
+        self.verify = verify if callable(verify) else parse_method(verify)
         self.stop = stop  # strings that end a row
         self.batch_size = batch_size  # rows per forward pass
         self.policy_version = 0  # number of update_weights calls so far

@@ -9,6 +9,7 @@ import pytest
 import exactspec as es
 import exactspec.serve
 from exactspec.cli import main
+from exactspec.sampling import parse_method
 from tests.batch.tiny_dir import save_tiny
 from tests.serve.conftest import NAME, client, openai, start
 
@@ -74,20 +75,27 @@ def test_cli_verify_lossy_warns_on_stderr(tiny_dir, served, capsys):
     assert main(["serve", "--model", str(tiny_dir), "--prompt-lookup", "--verify",
                  "typical:0.09"]) == 0
     ((_, config),) = served
-    assert config.engine.verify == "typical:0.09"
+    assert config.engine.verify == parse_method("typical:0.09")  # parsed once
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("warning: --verify typical:0.09 is a lossy rule")
 
 
-def test_cli_lossless_verify_is_quiet(tiny_dir, served, capsys):
-    assert main(["serve", "--model", str(tiny_dir), "--prompt-lookup", "--verify", "block"]) == 0
-    assert served[0][1].engine.verify == "block"
+@pytest.mark.parametrize("name, method", [("block", "Block"), ("traversal", "Traversal"),
+                                          ("greedy", "Greedy")])
+def test_cli_lossless_verify_is_quiet_and_parsed_once(tiny_dir, served, capsys, name, method):
+    """--verify reaches the server as its method object (traversal: block on chains, as in
+    generate), never as the string."""
+    assert main(["serve", "--model", str(tiny_dir), "--prompt-lookup", "--verify", name]) == 0
+    verify = served[0][1].engine.verify
+    assert type(verify).__name__ == method and verify.name == name
     assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--prompt-lookup", "--verify", "lenient:2"], "L must be a number in (0, 1]"),
-    (["--prompt-lookup", "--verify", "traversal"], "unknown verify method"),
+    (["--prompt-lookup", "--verify", "tokn"], "unknown verify method"),
+    (["--quantized-draft", "--draft-backend", "torch", "--tree", "2,1", "--verify", "block"],
+     "cannot verify token trees (block verification's tree form is 'traversal')"),
     (["--verify", "lenient:0.5"], "--verify only applies with a drafter"),
 ])
 def test_cli_bad_verify_is_refused_in_one_line(tiny_dir, served, capsys, argv, message):
