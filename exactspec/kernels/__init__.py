@@ -18,6 +18,7 @@ from exactspec.kernels.ops import (
     available_isas,
     current_isa,
     enabled,
+    gelu_tanh_mul,
     linear,
     rms_norm,
     rope_,
@@ -25,5 +26,5 @@ from exactspec.kernels.ops import (
     silu_mul,
 )
 
-__all__ = ["attention", "available_isas", "current_isa", "enabled", "linear", "rms_norm",
-           "rope_", "set_isa", "silu_mul"]
+__all__ = ["attention", "available_isas", "current_isa", "enabled", "gelu_tanh_mul", "linear",
+           "rms_norm", "rope_", "set_isa", "silu_mul"]

@@ -90,7 +90,7 @@ def _build(verbose: bool) -> Path:
             subprocess.run(cmd, check=True)
             tmp.replace(obj)
         objects.append(str(obj))
-    cpp_extension.load(name=name, sources=[str(CSRC / "ops.cpp")],
+    cpp_extension.load(name=name, sources=[str(CSRC / "ops.cpp"), str(CSRC / "ops_act.cpp")],
                        extra_cflags=[*COMMON[:1], "-ffp-contract=off"],
                        extra_ldflags=objects, build_directory=str(out),
                        is_python_module=False, verbose=verbose)

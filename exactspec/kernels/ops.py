@@ -29,6 +29,7 @@ def _load() -> bool:
                 log.info("building the exactspec kernels for this CPU (once)")
                 build()
             _register_fakes()
+            _register_act_fakes()
             _STATE["loaded"] = True
         except (OSError, RuntimeError, ImportError, subprocess.CalledProcessError) as exc:
             _STATE["loaded"] = False
@@ -122,3 +123,17 @@ def current_isa() -> str:
 def available_isas() -> list[str]:
     """The instruction sets this CPU runs, best first."""
     return list(torch.ops.exactspec.available_isas())
+
+
+# ---- the activations of csrc/impl_act.h (the Llama relatives: Gemma 3's GeGLU) ----
+
+def _register_act_fakes() -> None:
+    @torch.library.register_fake("exactspec::gelu_tanh_mul")
+    def _gelu_tanh_mul(gate_up):
+        return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [M, 2I] -> [M, I]
+    """gelu(gate, approximate="tanh") * up for gate_up = [gate | up] (GeGLU), computed as
+    gate / (1 + exp(-2u)) with our exp, the same bits at any width and on every ISA."""
+    return torch.ops.exactspec.gelu_tanh_mul(gate_up)

@@ -6,7 +6,7 @@ back rejected draft tokens costs nothing and rows may accept different numbers o
 (ragged acceptance). Measured on SmolLM2-135M shapes (CPU, float32, one thread, width-5 steps,
 min of 18): equal to transformers' DynamicCache + 2D mask + `crop` with 128-token prompts
 (B=1: 84 ms/step, B=8: 202 ms), faster at 1024 tokens (B=1: 100 vs 106 ms, B=8: 436 vs 462
-ms), since nothing is concatenated per step. Llama-architecture models run through the lean
+ms), since nothing is concatenated per step. Llama-family models run through the lean
 forward (`exactspec/models/lean.py`); others through transformers' forward with a 4D additive
 mask built here, so transformers never has to infer positions from the cache.
 """
@@ -71,10 +71,10 @@ class TargetAdapter:
         self.max_context = int(getattr(text_config, "max_position_embeddings", 1 << 30))
         self.layout = attention_layout(self.model.config, strict=strict)  # the masks it needs
         self.pad_token_id = pad_token_id  # filler for ragged inputs; never attended to
-        # the lean forward (Llama architectures) unless turned off; transformers' otherwise
+        # the lean forward (the Llama family, models/lean_arch.py) unless turned off;
+        # transformers' otherwise
         self.lean = forward if forward is not None else (
             lean_forward_for(self.model) if lean else None)
-        assert self.lean is None or not self.layout.sliding, "the lean forward has no windows"
         self.one_row_copy = one_row_copy  # may a one-row step build the [in, out] copy
         self.cache: SlotCache | None = None
         self.lengths = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] committed slots
@@ -167,9 +167,13 @@ class TargetAdapter:
         if self.lean is not None:
             uniform = lo == hi
             mask = None
-            if t > 1 or not uniform:  # one token at a common length sees every slot
+            if t > 1 or not uniform or self.lean.sliding:  # else one token sees every slot
                 slots = torch.arange(view_len, device=self.device)  # [S]
-                mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, S]
+                visible = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
+                mask = visible[:, None]  # [B, 1, T, S]
+                if self.lean.sliding:  # slot == position: one mask per layer kind
+                    held = slots[None, :].expand(b, view_len)  # [B, S]
+                    mask = self.layout.visibility(visible, positions, held)
             out = self.lean.forward(tokens, positions, self.cache, mask, logits_to_keep,
                                     hidden_layers, one_row_copy=self.one_row_copy)
             self._last_width = t

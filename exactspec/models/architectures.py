@@ -81,6 +81,17 @@ class AttentionLayout:
         return {"full_attention": full, "sliding_attention": sliding}
 
 
+    def visibility(self, visible: torch.Tensor, query_pos: torch.Tensor,
+                   slot_pos: torch.Tensor) -> dict[str, torch.Tensor]:
+        """`mask`'s boolean form for the lean forward: {layer kind: [B, 1, T, S] bool} (True =
+        visible), the sliding kind present only when the model has a window."""
+        full = visible[:, None]  # [B, 1, T, S]
+        if self.window is None:
+            return {"full_attention": full}
+        near = slot_pos[:, None, :] > query_pos[:, :, None] - self.window  # [B, T, S]
+        return {"full_attention": full, "sliding_attention": full & near[:, None]}
+
+
 def _refuse(model_type: str, what: str) -> InvalidValue:
     return InvalidValue(f"{what} is not supported by exactspec's engine (model type "
                         f"{model_type!r}): its output law would not be the model's; "

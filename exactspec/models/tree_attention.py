@@ -68,9 +68,11 @@ def extend_at(adapter: TargetAdapter, tokens: torch.Tensor, positions: torch.Ten
     if view_len > cache.capacity:
         cache.capacity = max(view_len, cache.capacity * 3 // 2 + 64)
     ad._last_width = tokens.shape[1]  # commit / rewind bounds, as after `extend`
-    if ad.lean is not None:
-        return ad.lean.forward(tokens, positions, cache, visible[:, None], 0, hidden_layers)
     held = slot_positions(ad.lengths, positions, slots, view_len)  # [B, S]
+    if ad.lean is not None:
+        mask = (ad.layout.visibility(visible, positions, held) if ad.lean.sliding
+                else visible[:, None])  # [B, 1, T, S] bool, or one per layer kind
+        return ad.lean.forward(tokens, positions, cache, mask, 0, hidden_layers)
     mask = ad.layout.mask(visible, positions, held, ad.dtype)
     out = ad.model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache,
                    use_cache=True, output_hidden_states=hidden_layers is not None)

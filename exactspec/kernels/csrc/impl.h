@@ -238,4 +238,4 @@ static void attend(const float* q, const float* k, const float* v, int64_t ldk, 
   }
 }
 
-const Isa isa = {ES_NAME, linear, rms_norm, silu_mul, rope, attend};
+// (the unit's `const Isa isa` table is at the end of impl_act.h, included after this file)

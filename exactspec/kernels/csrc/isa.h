@@ -33,10 +33,15 @@ struct Isa {
   // != 0, or all when visible is null), in key order; k_j = k + j * ldk; scores: S floats
   void (*attend)(const float* q, const float* k, const float* v, int64_t ldk, int64_t S,
                  int64_t d, const uint8_t* visible, float scale, float* scores, float* o);
+  // y[m, i] = gelu_tanh(g[m, i]) * g[m, I + i], g: [M, 2I], for m in [m0, m1) (impl_act.h)
+  void (*gelu_tanh_mul)(const float* g, int64_t I, float* y, int64_t m0, int64_t m1);
 };
 
 namespace avx512 { extern const Isa isa; }
 namespace avx2 { extern const Isa isa; }
 namespace portable { extern const Isa isa; }
+
+// the unit in use (ops.cpp: EXACTSPEC_KERNEL_ISA / set_isa, else the best this CPU runs)
+const Isa& current_unit();
 
 }  // namespace exactspec

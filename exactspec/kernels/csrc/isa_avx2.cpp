@@ -12,5 +12,6 @@ namespace avx2 {
 #define ES_NAME "avx2"
 #include "vec_avx2.h"
 #include "impl.h"
+#include "impl_act.h"
 }  // namespace avx2
 }  // namespace exactspec

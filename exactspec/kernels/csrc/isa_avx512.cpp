@@ -12,5 +12,6 @@ namespace avx512 {
 #define ES_NAME "avx512"
 #include "vec_avx512.h"
 #include "impl.h"
+#include "impl_act.h"
 }  // namespace avx512
 }  // namespace exactspec

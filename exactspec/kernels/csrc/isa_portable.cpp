@@ -11,5 +11,6 @@ namespace portable {
 #define ES_NAME "portable"
 #include "vec_portable.h"
 #include "impl.h"
+#include "impl_act.h"
 }  // namespace portable
 }  // namespace exactspec

@@ -245,6 +245,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
 }  // namespace
 
+const Isa& current_unit() { return isa(); }
+
 TORCH_LIBRARY(exactspec, m) {
   m.def("linear(Tensor x, Tensor[] weights, Tensor? scales=None, Tensor? residual=None) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
