@@ -11,7 +11,9 @@ it with its own KV cache, on one of two backends:
   kernels make a draft token 3-4x cheaper than torch's here (optional package).
 A target the lean forward does not support (gemma3, GPT-2, ...) takes the generic torch path: a
 copy of its transformers model with every linear layer quantized the same way
-(`models/quantize_modules.py`), driven by transformers' forward; llama.cpp is refused for it.
+(`models/quantize_modules.py`), driven by transformers' forward. llama.cpp runs the targets
+the GGUF export covers (`models/gguf_export.ARCHS`: Llama, Mistral, Qwen 2 / 3, Gemma 3 text),
+whichever torch path they take; it is refused for the others.
 q is its standardized distribution,
 computed by the same function with the same parameters and history as the target's p, so the
 verification is exact for every verify method; quantization only lowers how often drafts are
@@ -36,6 +38,7 @@ from exactspec.drafters.gguf_draft import GgufDraft, llama_cpp_available, unload
 from exactspec.drafters.tree_shape import check_tree
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.models.adapter import TargetAdapter, unwrap_model
+from exactspec.models.gguf_export import unsupported as gguf_unsupported
 from exactspec.models.lean import LeanLlama, lean_forward_for
 from exactspec.models.quantize_modules import quantized_copy_for
 
@@ -54,12 +57,13 @@ class QuantizedDraft(DraftModel):
     the draft keeps (None = all; layer skipping, LayerSkip / SWIFT style, torch only; on
     smollm2-135m it drafts badly, see the README). backend: "torch", "llama.cpp", or "auto":
     where both can run (llama-cpp-python installed, bits 8 / 4, all layers, group_size 32, a
-    chain, a Llama target on the CPU), the faster by a measurement at the first `begin` per
+    chain, a target on the CPU that `models/gguf_export.py` covers), the faster by a measurement at the first `begin` per
     target and bits (`drafters/quantized_auto.py`; EXACTSPEC_QUANTIZED_BACKEND forces it),
     else torch; `backend` reads llama.cpp until that `begin` then. tree / siblings: token trees as for DraftModel, fixed (3, 2, 1) or
     DynamicTree(node_budget=16); torch backend only ("auto" then picks torch). A target the
     lean forward does not run (not a Llama architecture) is drafted by a quantized copy of its
-    transformers model (torch, all layers; "auto" picks torch for it, "llama.cpp" is refused).
+    transformers model (torch, all layers); a target the GGUF export refuses (its reason is in
+    the error) is drafted by torch ("auto" picks torch for it, "llama.cpp" is refused).
     """
 
     standardized_q = True  # q from DraftContext.standardize, not re-checked (base.trusts_q)
@@ -145,9 +149,10 @@ class QuantizedDraft(DraftModel):
             raise InvalidValue(f"layers={list(self.layers)} must lie in 0..{n_layers - 1} (the "
                                f"target has {n_layers} layers)")
         lean = LeanLlama.supports(model)
-        if self._auto:  # llama.cpp is built for the CPU here, and its export is Llama-only
+        no_gguf = gguf_unsupported(model)  # why llama.cpp cannot run it (None: it can)
+        if self._auto:  # llama.cpp is built for the CPU here; its export covers gguf_export.ARCHS
             on_cpu = next(model.parameters()).device.type == "cpu"
-            both = on_cpu and lean and self._auto_choice == "llama.cpp"
+            both = on_cpu and no_gguf is None and self._auto_choice == "llama.cpp"
             self.backend = quantized_auto.pick(model, target, self.bits, {
                 "llama.cpp": lambda: self._gguf_for(model),
                 "torch": lambda: QuantizedDraft(self.bits, backend="torch",
@@ -158,10 +163,10 @@ class QuantizedDraft(DraftModel):
                 unload(self._gguf.path)
                 self._gguf = self._gguf_key = None
         if self.backend == "llama.cpp":
-            if not lean:
+            if no_gguf is not None:
                 raise InvalidValue(
-                    f"backend='llama.cpp' exports a Llama-architecture GGUF; "
-                    f"{type(model).__name__} is not one: use backend='torch' (or 'auto')")
+                    f"backend='llama.cpp' cannot run {type(model).__name__}: {no_gguf}; use "
+                    "backend='torch' (or 'auto')")
             self._gguf_for(model).begin(context, target)
             return
         self.model = _TargetView(model, target.vocab_size)

