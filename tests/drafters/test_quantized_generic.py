@@ -160,10 +160,13 @@ def test_llama_cpp_and_layers_are_refused_for_a_non_llama_target(monkeypatch):
     from exactspec.drafters import quantized
 
     monkeypatch.setattr(quantized, "llama_cpp_available", lambda: True)
+    cfg = GPT2Config(vocab_size=16, n_positions=32, n_embd=32, n_layer=1, n_head=2,
+                     bos_token_id=None, eos_token_id=None)
+    with pytest.raises(ValueError, match=r"backend='llama\.cpp' cannot run GPT2LMHeadModel: "
+                                         r"the GGUF export covers"):
+        generate(GPT2LMHeadModel(cfg).eval(), [[1, 2, 3]],
+                 drafter=QuantizedDraft(8, backend="llama.cpp"), params=GREEDY, max_new_tokens=4)
     target = tiny_gemma(0)
-    with pytest.raises(ValueError, match=r"backend='llama\.cpp' exports a Llama-architecture"):
-        generate(target, [[1, 2, 3]], drafter=QuantizedDraft(8, backend="llama.cpp"),
-                 params=GREEDY, max_new_tokens=4)
     with pytest.raises(ValueError, match=r"layers=\[0\] needs the lean forward"):
         generate(target, [[1, 2, 3]], drafter=QuantizedDraft(8, layers=[0]), params=GREEDY,
                  max_new_tokens=4)
