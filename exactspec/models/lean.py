@@ -270,7 +270,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
 
 
-# One LeanLlama per (model object, format, layers, group), rebuilt when its weights change.
+# One LeanLlama per (model object, format, layers, group, kinds), rebuilt when its weights change.
 _LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _REFUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> why not lean
 
@@ -289,7 +289,9 @@ def lean_forward_for(model: PreTrainedModel, fmt: str | None = None, *,
         return None
     if fmt is None:
         fmt = "bfloat16" if next(model.parameters()).dtype == torch.bfloat16 else "float32"
-    key = (fmt, None if layers is None else tuple(layers), group_size)
+    # the layer kinds too: the masks it takes follow the declared layout (architectures.py)
+    key = (fmt, None if layers is None else tuple(layers), group_size,
+           tuple(layer_kinds(model.config)))
     per_model = _LEAN.setdefault(model, {})
     lean = per_model.get(key)
     if lean is None or lean.stale():

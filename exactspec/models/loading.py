@@ -40,6 +40,7 @@ from transformers.utils import logging as hf_logging
 from exactspec.errors import InvalidType, InvalidValue, MissingFile
 from exactspec.models import registry
 from exactspec.models.architectures import check_target
+from exactspec.models.lean_arch import refusal
 from exactspec.models.registry import MARKER, cache_root
 
 __all__ = ["DTYPES", "MARKER", "Model", "as_model", "cache_root", "load", "progress_off",
@@ -99,6 +100,12 @@ class Model:
     model: PreTrainedModel  # the transformers causal LM, in eval mode
     tokenizer: PreTrainedTokenizerBase | None  # None when wrapping a bare transformers model
     name: str  # embedded name, path, or the model's name_or_path; for logs and reports
+
+    @property
+    def path(self) -> str:
+        """Which forward the engine runs for this model: "lean" (our lean forward of the Llama
+        family, `models/lean_arch.py`) or "transformers" (the model's own forward)."""
+        return "lean" if refusal(self.model) is None else "transformers"
 
     @property
     def device(self) -> torch.device:
@@ -335,8 +342,11 @@ def _load_directory(
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         logger.warning("no tokenizer in %s (%s); text prompts will not work", directory, reason)
         tokenizer = None
-    logger.info("loaded %s from %s in %.1f s", name, directory, time.perf_counter() - start)
-    return Model(model=model, tokenizer=tokenizer, name=name)
+    loaded = Model(model=model, tokenizer=tokenizer, name=name)
+    why = refusal(model)
+    logger.info("loaded %s from %s in %.1f s; forward: %s%s", name, directory,
+                time.perf_counter() - start, loaded.path, f" ({why})" if why else "")
+    return loaded
 
 
 def _convert(out: Path, get_gguf: Callable[[Path], Path], key: str) -> None:

@@ -93,7 +93,7 @@ def test_every_isa_computes_the_same_bits():
         kernels.set_isa(name)
         outs[name] = (kernels.linear(x, [w]), kernels.linear(x, [w.to(torch.bfloat16)]),
                       kernels.rms_norm(x, w[0], 1e-5), kernels.silu_mul(gu),
-                      kernels.attention(q, k, v, mask, 0.2))
+                      kernels.attention(q, k, v, mask, 0.2), kernels.gelu_tanh_mul(gu))
     kernels.set_isa("auto")
     first = next(iter(outs.values()))
     for name, out in outs.items():
@@ -128,6 +128,29 @@ def test_silu_mul_matches_float64(isa):
     bound = 7 * U * ref.abs() + 1e-36
     assert bool(((y.double() - ref).abs() <= bound).all()), float((y.double() - ref).abs().max())
     assert torch.equal(kernels.silu_mul(gu[3:4]), y[3:4])
+
+
+def test_gelu_tanh_mul_matches_float64(isa):
+    """Gemma's GeGLU: gelu(gate, approximate="tanh") * up = gate / (1 + exp(-2u)) * up with
+    u = sqrt(2/pi) (gate + 0.044715 gate^3), the same function as torch's 0.5 x (1 + tanh u)."""
+    g = torch.Generator().manual_seed(11)
+    gu = torch.cat([torch.randn(7, 50, generator=g) * 4, torch.randn(7, 50, generator=g)], 1)
+    gu[0, :7] = torch.tensor([-100.0, -12.0, -3.0, 0.0, 1e-8, 12.0, 100.0])
+    y = kernels.gelu_tanh_mul(gu)  # [7, 50]
+    gd, ud = gu[:, :50].double(), gu[:, 50:].double()
+    a = -2 * (2 / torch.pi) ** 0.5 * (gd + 0.044715 * gd**3)  # the exp's argument
+    ref = gd / (1 + torch.exp(a)) * ud
+    torch.testing.assert_close(ref, torch.nn.functional.gelu(gd, approximate="tanh") * ud)
+    # the argument carries <= 5u relative error (x*x, * c3, the fma, * 2k, the constants
+    # 0.044715 and 2 sqrt(2/pi) rounded), so exp(a) <= 5u |a| + 4u (exp, see silu) relative;
+    # then 1 + e, the division and the product: 3u. Past |a| = 87 the argument is clamped:
+    # the true value there is below |gate up| e^-87 < 1e-35.
+    bound = (5 * a.abs() + 7) * U * ref.abs() + 1e-35
+    err = (y.double() - ref).abs()
+    assert bool((err <= bound).all()), float((err / bound).max())
+    assert torch.equal(kernels.gelu_tanh_mul(gu[3:4]), y[3:4])
+    assert torch.equal(kernels.gelu_tanh_mul(gu[3:4, list(range(5)) + list(range(50, 55))]),
+                       y[3:4, :5])  # a tail of 5 gives the bits of a full chunk
 
 
 def test_rope_matches_float64(isa):
@@ -229,6 +252,7 @@ def test_operators_pass_torch_library_opcheck():
         (ops.linear.default, (x, [q8], torch.rand(6), torch.randn(3, 6))),
         (ops.rms_norm.default, (x, torch.randn(40), 1e-5)),
         (ops.silu_mul.default, (x,)),
+        (ops.gelu_tanh_mul.default, (x,)),
         (ops.rope_.default, (torch.randn(3, 48), torch.randn(3, 16), torch.randn(3, 16), 2)),
         (ops.attention.default, (torch.randn(1, 2, 4, 16), torch.randn(1, 2, 5, 16),
                                  torch.randn(1, 2, 5, 16), torch.ones(1, 1, 2, 5, dtype=torch.bool),

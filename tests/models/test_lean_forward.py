@@ -116,7 +116,7 @@ def test_one_row_step_without_the_copy_matches_and_builds_nothing(monkeypatch):
     spec.prefill(prompts, capacity=20)
     x = torch.tensor([[4]])
     a = spec.extend(x)  # [1, 1, V]
-    mats = [m for layer in lean.layers for m in (layer[2], layer[3], layer[6], layer[7])]
+    mats = [m for layer in lean.layers for m in layer.matrices]
     assert all(m.weight_t is None for m in [*mats, lean.head])
     plain = TargetAdapter(model)  # plain decoding: builds and uses the copy
     plain.prefill(prompts, capacity=20)

@@ -1,0 +1,250 @@
+"""The lean forward of every architecture in `models/lean_arch.py` (Llama, Llama 3's rope
+scaling, Mistral, Qwen 2, Qwen 3, Gemma 3 text) on tiny random models built from their
+transformers configs (tests/models/architectures.py: 2 layers, windows of 4 positions), with
+every norm weight and bias perturbed so that each declared difference changes the logits.
+
+- its logits equal transformers' full forward within a float32 bound, on the kernels and on the
+  torch path, fed at once and one token at a time past the window; a wrong variant of each
+  declared difference (bias dropped, norm skipped, window ignored, ...) exceeds that bound;
+- on the kernels, a position's logits are the same bits alone, inside a width-5 call and inside
+  a ragged batch;
+- greedy decoding with the int8 self-draft (the same lean forward on int8 weights) equals plain
+  greedy bit for bit through `es.generate`;
+- the law of the first 3 tokens through `es.generate` (plain and int8 self-draft) is the
+  model's (chi-square at 1e-6), and a wrong variant run through the same engine is rejected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from exactspec import SamplingParams, kernels
+from exactspec.audit import target_law
+from exactspec.audit.stats import chi_square, power
+from exactspec.audit.world import logits_table, model_world
+from exactspec.drafters import QuantizedDraft
+from exactspec.engine import generate
+from exactspec.models.adapter import TargetAdapter
+from exactspec.models.lean import LeanLlama, lean_forward_for
+from exactspec.models.lean_arch import ARCHS
+from tests.models.architectures import tiny
+from tests.models.test_architecture_law import PARAMS, PROMPT, ROWS, N, V, _counts, _law
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16,
+               "rope_theta": 10000.0}  # wavelengths > 16 positions are scaled: 3 of 4 here
+CASES = {  # name -> (model_type, config overrides)
+    "llama": ("llama", {}),
+    "llama3": ("llama", {"rope_parameters": LLAMA3_ROPE}),
+    "mistral": ("mistral", {}),
+    "qwen2": ("qwen2", {}),
+    "qwen3": ("qwen3", {}),
+    "gemma3_text": ("gemma3_text", {}),
+}
+U = 2.0 ** -24  # float32 unit roundoff
+# Each logit goes through 2 layers of about 12 rounding stages (norms, products of <= 64
+# terms, RoPE, softmax, activation), each off by <= 64 u relative to the magnitude of its
+# terms, which the norms keep of order 1 per unit of output: 2 * 12 * 64 u ~ 9e-5 of
+# (1 + max |logit|). (Observed: ~1e-6.)
+TOL = 2 * 12 * 64 * U
+
+
+def model_of(name: str, seed: int = 0, **kw):
+    """The tiny `name` model, every 1-D weight (norms, biases) perturbed by N(0, 0.3)."""
+    model_type, overrides = CASES[name]
+    model = tiny(model_type, seed, **{**overrides, **kw})
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn(p.shape, generator=g) * 0.3)
+    return model
+
+
+def _rope_of_full(lean: LeanLlama):  # every layer kind rotated with the global base
+    lean.rope_of = lambda x, pos, kind: LeanLlama.rope_of(lean, x, pos, "full_attention")
+    lean._rope.clear()
+
+
+def _default_rope(lean: LeanLlama):  # Llama 3's scaling ignored
+    lean.rotary = tiny("llama").model.rotary_emb
+    lean._rope.clear()
+
+
+# name -> {wrong variant: how it alters a built LeanLlama}: one per declared difference
+WRONG = {
+    "llama": {"no RoPE": lambda lean: setattr(lean, "rope_of", lambda x, pos, kind: (
+        torch.ones(*pos.shape, lean.head_dim), torch.zeros(*pos.shape, lean.head_dim)))},
+    "llama3": {"rope scaling ignored": _default_rope},
+    "mistral": {"window ignored": lambda lean: [setattr(layer, "kind", "full_attention")
+                                                for layer in lean.layers]},
+    "qwen2": {"q/k/v bias dropped": lambda lean: [setattr(layer, "qkv_bias", None)
+                                                  for layer in lean.layers]},
+    "qwen3": {"q/k norms skipped": lambda lean: [
+        (setattr(layer, "q_norm", None), setattr(layer, "k_norm", None))
+        for layer in lean.layers]},
+    "gemma3_text": {
+        "local RoPE base ignored": _rope_of_full,
+        "head_dim scaling": lambda lean: setattr(lean, "scaling", lean.head_dim ** -0.5),
+        "silu for GeGLU": lambda lean: setattr(lean, "arch",
+                                               dataclasses.replace(lean.arch, act="silu")),
+        "post-norms skipped": lambda lean: [
+            (setattr(layer, "norm_attn_out", None), setattr(layer, "norm_mlp_out", None))
+            for layer in lean.layers],
+        "global layers slide": lambda lean: [setattr(layer, "kind", "sliding_attention")
+                                             for layer in lean.layers],
+    },
+}
+
+
+@pytest.fixture(params=["kernels", "torch"])
+def path(request, monkeypatch):
+    if request.param == "torch":
+        monkeypatch.setenv("EXACTSPEC_KERNELS", "0")
+    elif not kernels.enabled():
+        pytest.skip("the exactspec kernels are not built here")
+    return request.param
+
+
+def _lean_logits(model, ids: torch.Tensor, at_once: bool) -> torch.Tensor:  # [T - 3, V]
+    """Logits of positions 3.. of ids [1, T] after a 3-token prefill: one call or one by one."""
+    ad = TargetAdapter(model)
+    ad.prefill([ids[0, :3].tolist()])
+    if at_once:
+        return ad.extend(ids[:, 3:])[0]
+    out = []
+    for j in range(3, ids.shape[1]):
+        out.append(ad.extend(ids[:, j:j + 1])[0, 0])
+        ad.commit(torch.tensor([1]))
+    return torch.stack(out)
+
+
+def test_the_table_is_what_supports_accepts():
+    for name, (model_type, _) in CASES.items():
+        assert model_type in ARCHS and LeanLlama.supports(model_of(name)), name
+    # configurations outside the table keep transformers' forward
+    assert not LeanLlama.supports(tiny("gemma2"))  # soft-capping
+    assert not LeanLlama.supports(tiny("phi3"))
+    assert not LeanLlama.supports(tiny("qwen3_moe"))
+    biased = tiny("llama", attention_bias=True)  # o_proj bias too
+    assert not LeanLlama.supports(biased) and TargetAdapter(biased).lean is None
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_logits_match_transformers_past_the_window(name, path):
+    model = model_of(name, vocab=32)
+    ids = torch.randint(0, 32, (1, 14), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref = model(ids).logits[0, 3:]  # [11, V]: transformers' own masks and RoPE
+    bound = TOL * (1 + float(ref.abs().max()))
+    lean = lean_forward_for(model)
+    assert lean is not None and lean.kernels == (path == "kernels")
+    for at_once in (True, False):
+        err = float((_lean_logits(model, ids, at_once) - ref).abs().max())
+        assert err <= bound, (name, at_once, err, bound)
+    for wrong, alter in WRONG[name].items():  # each declared difference matters
+        bad = model_of(name, vocab=32)
+        alter(lean_forward_for(bad))
+        err = float((_lean_logits(bad, ids, True) - ref).abs().max())
+        assert err > bound, (name, wrong, err, bound)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_kernels_give_a_position_the_same_bits_at_any_width_and_batch(name):
+    if not kernels.enabled():
+        pytest.skip("the exactspec kernels are not built here")
+    model = model_of(name, seed=2, vocab=40)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (9, 3, 1, 12)]
+    feed = torch.randint(0, 40, (4, 5), generator=g)
+    batch = TargetAdapter(model)
+    batch.prefill(prompts, capacity=32)
+    wide = batch.extend(feed)  # [4, 5, V]: ragged lengths, masked, past the window
+    for r, p in enumerate(prompts):
+        alone = TargetAdapter(model)
+        alone.prefill([p], capacity=32)
+        assert alone.lean.kernels
+        assert torch.equal(alone.extend(feed[r:r + 1])[0], wide[r]), (name, r)
+        one = TargetAdapter(model)
+        one.prefill([p], capacity=32)
+        for j in range(5):
+            assert torch.equal(one.extend(feed[r:r + 1, j:j + 1])[0, 0], wide[r, j]), (r, j)
+            one.commit(torch.tensor([1]))
+
+
+GREEDY_PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6, 5], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9],
+                  [1, 6, 1, 8, 0, 3, 3]]  # ragged, all past the window
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_int8_self_draft_greedy_equals_plain(name):
+    model = model_of(name, vocab=16, head_scale=3.0)
+    greedy = SamplingParams(temperature=0)
+    plain = generate(model, GREEDY_PROMPTS, params=greedy, max_new_tokens=20)
+    drafter = QuantizedDraft(8, backend="torch")
+    spec = generate(model, GREEDY_PROMPTS, drafter=drafter, params=greedy, max_new_tokens=20,
+                    num_draft_tokens=3)
+    assert drafter.forward is not None and drafter.forward.fmt == "int8"  # the lean forward
+    assert [g.token_ids for g in spec] == [g.token_ids for g in plain]
+    assert sum(g.stats.accepted for g in spec) > 0
+
+
+@pytest.fixture(scope="module")
+def laws() -> dict:
+    return {}
+
+
+def _model_and_law(laws: dict, name: str):
+    if name not in laws:
+        model = model_of(name, vocab=V)
+        laws[name] = (model, _law(model))
+    return laws[name]
+
+
+@pytest.mark.parametrize("drafted", [False, True], ids=["plain", "int8 self-draft"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_generate_samples_from_the_models_own_law(laws, name, drafted):
+    torch.set_num_threads(1)
+    model, law = _model_and_law(laws, name)
+    assert lean_forward_for(model) is not None  # the lean path is what runs
+    counts, accepted = _counts(model, QuantizedDraft(8, backend="torch") if drafted else None,
+                               seed=21)
+    if drafted:
+        assert accepted > ROWS // 20
+    result = chi_square(counts, law)
+    assert result.dof > 100 and not result.rejected, (name, result)
+
+
+def _lean_law(model) -> torch.Tensor:
+    """Exact law [V**N] of the first N tokens under `model`'s (possibly altered) lean forward."""
+    def forward(ids: torch.Tensor) -> torch.Tensor:  # [n, T] -> [n, T, V]
+        ad = TargetAdapter(model)
+        ad.prefill([[] for _ in range(ids.shape[0])], capacity=ids.shape[1])
+        return ad.extend(ids)
+
+    table = logits_table(forward, PROMPT, V, N)
+    return target_law(model_world(table, table, V, N, PARAMS, PROMPT), N)
+
+
+@pytest.mark.parametrize(("name", "wrong"), [("gemma3_text", "post-norms skipped"),
+                                             ("qwen3", "q/k norms skipped"),
+                                             ("qwen2", "q/k/v bias dropped")])
+def test_a_wrong_lean_variant_is_caught(laws, name, wrong):
+    """The wrong variant runs through the same engine; with the rows the test needs to see it
+    at 1e-6, its counts reject the model's law and fit its own. (Subtler variants, such as
+    Gemma 3's local RoPE base on 8-dim heads over 13 positions, move the law by < 0.003 in
+    total variation: the logits test above catches them.)"""
+    torch.set_num_threads(1)
+    _, law = _model_and_law(laws, name)
+    bad = model_of(name, vocab=V)  # the same weights, a fresh lean forward to alter
+    WRONG[name][wrong](lean_forward_for(bad))
+    wrong_law = _lean_law(bad)
+    rows = next((r for r in (ROWS, 2 * ROWS, 4 * ROWS) if power(law, wrong_law, r) > 1 - 1e-6),
+                None)
+    assert rows is not None, "the wrong variant's law is too close to the model's to test here"
+    counts, _ = _counts(bad, None, seed=22, rows=rows)
+    assert chi_square(counts, law).rejected
+    assert not chi_square(counts, wrong_law).rejected
