@@ -62,7 +62,7 @@ def test_greedy_equals_plain(bits):
     target = tiny_gemma(0)
     prompts = [[1, 2, 3, 4, 5, 6], [9, 8]]
     plain = generate(target, prompts, params=GREEDY, max_new_tokens=16)
-    drafter = QuantizedDraft(bits)  # backend auto: torch for a non-Llama target
+    drafter = QuantizedDraft(bits, backend="torch")  # the copy (llama.cpp: test_quantized_archs)
     out = generate(target, prompts, drafter=drafter, params=GREEDY, max_new_tokens=16,
                    num_draft_tokens=4)
     assert drafter.backend == "torch" and drafter.copy is not None and drafter.forward is None
@@ -139,7 +139,7 @@ def test_the_copy_computes_the_model_with_dequantized_weights(monkeypatch):
 
 def test_the_copy_is_cached_and_rebuilt_after_a_weight_update():
     target = tiny_gemma(0)
-    drafter = QuantizedDraft(8)
+    drafter = QuantizedDraft(8, backend="torch")
     generate(target, [[1, 2, 3]], drafter=drafter, params=GREEDY, max_new_tokens=4)
     first = drafter.copy
     generate(target, [[4, 5]], drafter=drafter, params=GREEDY, max_new_tokens=4)
@@ -208,7 +208,8 @@ def copy_logits(model, fmt: str):
 
 
 def test_generate_matches_the_target(models):
-    counts, accepted = _counts(models, QuantizedDraft(8), FILTERED, "token", seed=5)
+    counts, accepted = _counts(models, QuantizedDraft(8, backend="torch"), FILTERED, "token",
+                               seed=5)
     assert accepted > ROWS // 10  # drafts were really used, not only bonus tokens
     result = chi_square(counts, target_law(_world(models, FILTERED), N))
     assert result.dof > 30 and not result.rejected, result
@@ -218,4 +219,4 @@ def test_a_wrong_quantized_drafter_is_caught(models):
     """The copy drawing at temperature 1.0 but reporting q at the target's 0.5: its exact wrong
     law (from the copy's own logits) is rejected end to end, and followed by the draws."""
     q_logits = logits_table(copy_logits(models[0], "int8"), PROMPT, V, N + K)
-    _hot_drafter_is_caught(models, q_logits, QuantizedDraft(8), seed=8)
+    _hot_drafter_is_caught(models, q_logits, QuantizedDraft(8, backend="torch"), seed=8)
