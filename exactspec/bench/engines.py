@@ -20,60 +20,54 @@ from exactspec.bench import llama_cpp
 from exactspec.bench.figures import linear_weight_bytes
 from exactspec.bench.hf_quantized import quantized_copy
 from exactspec.bench.specs import MODES, EngineSpec, Mode, Run, add_counts
-from exactspec.drafters import QuantizedDraft
-from exactspec.drafters.registry import DrafterSpec, build
+from exactspec.drafters.registry import DRAFTERS, BenchUse, DrafterSpec, bench_uses, build
 from exactspec.engine import generate
 from exactspec.errors import InvalidValue
 from exactspec.models.lean import lean_forward_for
 from exactspec.models.loading import Model
 
-__all__ = ["MODES", "EngineSpec", "Engines", "Mode", "Run", "add_counts", "default_engines",
-           "quantized_engines", "truncated_draft"]
+__all__ = ["MODES", "TRANSFORMERS", "EngineSpec", "Engines", "Mode", "Run", "add_counts",
+           "default_engines", "truncated_draft"]
+
+# transformers' engine compared with a bench word's engines ("{k}": their K), and its
+# assistant ("draft": the bench's draft model; "int8" / "int4": a quantized copy of the
+# target); a word's " torch" variant shares it; a word without one has no counterpart
+TRANSFORMERS: dict[str, tuple[str, str | None]] = {
+    "lookup": ("transformers lookup K={k}", None),
+    "draft": ("transformers assisted K={k}", "draft"),
+    "qdraft int8": ("transformers assisted int8 K={k}", "int8"),
+    "qdraft int4": ("transformers assisted int4 K={k}", "int4"),
+}
 
 
 def default_engines(k: int = 4, eagle: bool = False, block: bool = True,
                     qk: int = 6) -> list[EngineSpec]:
-    """exactspec plain / lookup / draft model (token, block, auto), transformers' three, the
-    quantized self-draft (K = qk, auto) with its transformers counterpart, suffix, and
-    llama.cpp's plain decoding of the target's weights as F32, Q8_0 and Q4_1 GGUF."""
+    """exactspec plain and transformers plain; for every drafter of the registry with a bench
+    word (drafters/registry.py's BenchUse) its default engines (fixed K, block, auto; K = qk
+    for the quantized self-draft) and its transformers counterpart if it has one; then
+    llama.cpp's plain decoding of the target's weights as F32, Q8_0 and Q4_1 GGUF. `eagle`:
+    include the EAGLE head's engines (the head ships separately)."""
     e = [
         EngineSpec("exactspec plain", "exactspec", "none", counterpart="transformers plain"),
         EngineSpec("transformers plain", "transformers", "none"),
     ]
-    for drafter, hf in (("lookup", f"transformers lookup K={k}"),
-                        ("draft", f"transformers assisted K={k}")):
-        e += [
-            EngineSpec(f"exactspec {drafter} K={k}", "exactspec", drafter, k, counterpart=hf),
-            EngineSpec(f"exactspec {drafter} K={k} block", "exactspec", drafter, k, "block",
-                       counterpart=hf, sampling_only=True),
-            EngineSpec(f"exactspec {drafter} auto", "exactspec", drafter, "auto", counterpart=hf),
-            EngineSpec(hf, "transformers", drafter, k),
-        ]
-    if eagle:
-        e.append(EngineSpec(f"exactspec eagle K={k}", "exactspec", "eagle", k))
-        e.append(EngineSpec("exactspec eagle auto", "exactspec", "eagle", "auto"))
-    e += quantized_engines(qk)
-    e += [EngineSpec(f"exactspec suffix K={k}", "exactspec", "suffix", k),
-          EngineSpec("exactspec suffix auto", "exactspec", "suffix", "auto")]
+    for word, (name, use) in bench_uses().items():
+        if name == "eagle" and not eagle:
+            continue
+        kk = qk if use.k == "qk" else k
+        hf = TRANSFORMERS.get(word.removesuffix(" torch"), (None, None))[0]
+        hf = hf.format(k=kk) if hf else None
+        made = {"K": EngineSpec(f"exactspec {word} K={kk}", "exactspec", word, kk,
+                                counterpart=hf),
+                "K block": EngineSpec(f"exactspec {word} K={kk} block", "exactspec", word, kk,
+                                      "block", counterpart=hf, sampling_only=True),
+                "auto": EngineSpec(f"exactspec {word} auto", "exactspec", word, "auto",
+                                   counterpart=hf)}
+        e += [made[kind] for kind in use.engines]
+        if word in TRANSFORMERS:
+            e.append(EngineSpec(hf, "transformers", word, kk))
     e += llama_cpp.llama_cpp_engines()
     return e if block else [s for s in e if s.verify != "block"]
-
-
-def quantized_engines(k: int, formats: tuple[str, ...] = ("int8", "int4")) -> list[EngineSpec]:
-    """The quantized self-draft at fixed K and auto, and transformers' assisted generation
-    with the same quantized copy of the target as its assistant (apples to apples)."""
-    e = []
-    for fmt in formats:
-        hf = f"transformers assisted {fmt} K={k}"
-        e += [
-            EngineSpec(f"exactspec qdraft {fmt} K={k}", "exactspec", fmt, k, counterpart=hf),
-            EngineSpec(f"exactspec qdraft {fmt} auto", "exactspec", fmt, "auto", counterpart=hf),
-            # the torch backend: the very kernels transformers' assistant runs (MatrixLinear)
-            EngineSpec(f"exactspec qdraft {fmt} torch K={k}", "exactspec", f"{fmt}-torch", k,
-                       counterpart=hf),
-            EngineSpec(hf, "transformers", fmt, k),
-        ]
-    return e
 
 
 def truncated_draft(model: nn.Module, num_layers: int) -> nn.Module:
@@ -106,13 +100,19 @@ def truncated_draft(model: nn.Module, num_layers: int) -> nn.Module:
 
 
 class Engines:
-    """Runs EngineSpecs on one target; holds the drafters (built once, reused every run)."""
+    """Runs EngineSpecs on one target; builds each engine's drafter through the drafter
+    registry from its bench word (drafters/registry.py's BenchUse)."""
 
     def __init__(self, target: Model, draft: nn.Module | None = None,
-                 eagle_factory: Callable[[], object] | None = None) -> None:
+                 eagle_factory: Callable[[], object] | None = None,
+                 sources: dict[str, object] | None = None) -> None:
         self.target = target  # exactspec Model; its .model is shared with transformers
-        self.draft = draft  # draft causal LM (shares the vocabulary), or None
-        self._eagle_factory = eagle_factory
+        # the bench's source per registry drafter that takes one (a loaded model, a head's
+        # name); `draft`: the draft model (shares the vocabulary), or None
+        self.sources = dict(sources or {})
+        if draft is not None:
+            self.sources["draft"] = draft
+        self._eagle_factory = eagle_factory  # loads the EAGLE head (once), or None
         self._eagle = None
         dev = target.device
         self._hf_eos = target.eos_token_ids
@@ -120,31 +120,25 @@ class Engines:
         self.device = dev
         self._assistants: dict[str, nn.Module] = {}  # transformers assistant per drafter
         self._llama: dict[str, llama_cpp.LlamaCppPlain] = {}  # llama.cpp engine per GGUF type
-        # exactspec drafter per name, built from the spec (its tree, if any)
-        self._drafters: dict[str, Callable[[EngineSpec], object]] = {
-            "lookup": lambda s: self._build(s, "prompt-lookup", matches="3x4"),
-            # a fresh cache per run: every engine sees each prompt the same number of times
-            "suffix": lambda s: self._build(s, "suffix", matches="2x4"),
-            "draft": lambda s: self._build(s, "draft", self.draft),
-            "eagle": self._eagle_drafter,
-            # backend auto: llama.cpp if installed (chains only)
-            "int8": _chain_only(lambda s: self._build(s, "quantized-draft", 8)),
-            "int4": _chain_only(lambda s: self._build(s, "quantized-draft", 4)),
-            # trees on the torch backend only (llama.cpp drafts chains)
-            "int8-torch": lambda s: self._build(s, "quantized-draft", 8, backend="torch"),
-            "int4-torch": lambda s: self._build(s, "quantized-draft", 4, backend="torch"),
-        }
+        self._reused: dict[str, object] = {}  # engine name -> its drafter (BenchUse.reuse)
+
+    @property
+    def draft(self):
+        """The bench's draft model (the `draft` drafter's source), or None."""
+        return self.sources.get("draft")
 
     def available(self, spec: EngineSpec) -> bool:
         if spec.family == "llama.cpp":
             return llama_cpp.supports(self.target.model)
-        if spec.drafter == "draft":
-            return self.draft is not None
-        if spec.drafter == "eagle":
-            return self._eagle_factory is not None
-        if spec.drafter.startswith(("int8", "int4")):
-            return QuantizedDraft.supports(self.target.model)
-        return True
+        if spec.drafter == "none":
+            return True
+        name, use = _use(spec)
+        entry = DRAFTERS[name]
+        if name == "eagle" and self._eagle_factory is not None:
+            return True
+        if entry.supports is not None and not entry.supports(self.target.model):
+            return False
+        return not (use.source is None and entry.takes_source and name not in self.sources)
 
     def run(self, spec: EngineSpec, prompts: list[list[int]], mode: Mode, max_new_tokens: int,
             seed: int) -> Run:
@@ -171,21 +165,30 @@ class Engines:
         return lean.weight_bytes if lean is not None else linear_weight_bytes(self.target.model)
 
     def _drafter(self, spec: EngineSpec):
+        """The engine's drafter: the registry's, built from the spec's bench word and tree
+        (a fresh one per run, or one kept across runs where its BenchUse says reuse)."""
         if spec.drafter == "none":
             return None
-        if spec.drafter not in self._drafters:
-            raise InvalidValue(f"unknown drafter {spec.drafter!r}; have {sorted(self._drafters)}")
-        return self._drafters[spec.drafter](spec)
-
-    def _build(self, spec: EngineSpec, name: str, source=None, *, backend: str | None = None,
-               matches: str | None = None):
-        """The registry's drafter `name` (exactspec.drafters.registry) with the spec's tree;
-        `matches`: a point-mass drafter whose trees are spelled MxD (example shown)."""
-        if matches is not None and spec.tree is not None:
-            _matches(spec, DRAFTER_WORD[name], matches)
-        return build(DrafterSpec(name, source, tree=spec.tree,
-                                 siblings=spec.siblings if spec.tree is not None else None,
-                                 backend=backend), self.target)
+        name, use = _use(spec)
+        if name == "eagle" and self._eagle_factory is not None:
+            return self._eagle_drafter(spec)
+        if use.reuse and spec.name in self._reused:
+            return self._reused[spec.name]
+        trees = DRAFTERS[name].trees
+        if spec.tree is not None and trees == "none":
+            raise InvalidValue(f"{spec.name!r}: the {spec.drafter!r} drafter drafts chains "
+                               "only; drop the tree or use one of " + ", ".join(
+                                   w for w, (n, _) in bench_uses().items()
+                                   if DRAFTERS[n].trees != "none"))
+        if spec.tree is not None and trees == "fixed":
+            _matches(spec, spec.drafter, "3x4")
+        source = use.source if use.source is not None else self.sources.get(name)
+        drafter = build(DrafterSpec(name, source, tree=spec.tree,
+                                    siblings=spec.siblings if spec.tree is not None else None,
+                                    backend=use.backend), self.target)
+        if use.reuse:
+            self._reused[spec.name] = drafter
+        return drafter
 
     def _eagle_drafter(self, spec: EngineSpec):
         """The loaded head (loaded once); a tree engine gets its own drafter over the same
@@ -200,15 +203,16 @@ class Engines:
         return EagleDrafter(self._eagle.head, self.target, name=self._eagle.name,
                             **_tree_kwargs(spec))
 
-    def _assistant(self, drafter: str) -> nn.Module:
-        """transformers' assistant model for an assisted engine (built once)."""
-        if drafter not in self._assistants:
-            if drafter == "draft":
-                assert self.draft is not None
-                self._assistants[drafter] = self.draft
+    def _assistant(self, kind: str) -> nn.Module:
+        """transformers' assistant model of an assisted engine (TRANSFORMERS; built once)."""
+        if kind not in self._assistants:
+            if kind == "draft":
+                draft = self.draft
+                assert draft is not None
+                self._assistants[kind] = draft.model if isinstance(draft, Model) else draft
             else:  # the quantized self-draft's weights, as a transformers model
-                self._assistants[drafter] = quantized_copy(self.target.model, drafter)
-        return self._assistants[drafter]
+                self._assistants[kind] = quantized_copy(self.target.model, kind)
+        return self._assistants[kind]
 
     def _run_exactspec(self, spec: EngineSpec, prompts, mode: Mode, max_new_tokens: int,
                        seed: int) -> Run:
@@ -248,10 +252,11 @@ class Engines:
             mask[i, width - len(p):] = 1
         kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=self._pad,
                       eos_token_id=self._hf_eos or None, **mode.hf_kwargs())
+        assisted = TRANSFORMERS.get(spec.drafter, (None, None))[1]
         if spec.drafter == "lookup":
             kwargs.update(prompt_lookup_num_tokens=int(spec.k), max_matching_ngram_size=3)
-        elif spec.drafter in ("draft", "int8", "int4"):
-            assistant = self._assistant(spec.drafter)
+        elif assisted is not None:
+            assistant = self._assistant(assisted)
             gc = assistant.generation_config
             gc.num_assistant_tokens = int(spec.k)
             gc.num_assistant_tokens_schedule = "constant"
@@ -284,7 +289,13 @@ def _tree_kwargs(spec: EngineSpec) -> dict:
     return {} if spec.tree is None else dict(tree=spec.tree, siblings=spec.siblings)
 
 
-DRAFTER_WORD = {"prompt-lookup": "lookup", "suffix": "suffix"}  # as engine names say them
+def _use(spec: EngineSpec) -> tuple[str, BenchUse]:
+    """(registry name, BenchUse) of the spec's bench word; unknown words refused by name."""
+    uses = bench_uses()
+    if spec.drafter not in uses:
+        raise InvalidValue(f"{spec.name!r}: unknown drafter {spec.drafter!r}; the bench's are "
+                           f"{', '.join(uses)} (drafters/registry.py's BenchUse words)")
+    return uses[spec.drafter]
 
 
 def _matches(spec: EngineSpec, word: str, example: str) -> tuple[int, int]:
@@ -295,17 +306,6 @@ def _matches(spec: EngineSpec, word: str, example: str) -> tuple[int, int]:
                            f"(M, 1, ..., 1) with M >= 2, not {spec.tree}; spell it "
                            f"'{word} tree MxD', e.g. '{word} tree {example}'")
     return m, len(spec.tree)
-
-
-def _chain_only(make: Callable[[EngineSpec], object]) -> Callable[[EngineSpec], object]:
-    """A factory for a drafter that drafts chains only: a tree spec is refused by name."""
-    def chain(spec: EngineSpec):
-        if spec.tree is not None:
-            raise InvalidValue(f"{spec.name!r}: the {spec.drafter!r} drafter drafts chains "
-                               "only in the bench; drop the tree or use eagle, lookup, draft or "
-                               "qdraft int8 torch")
-        return make(spec)
-    return chain
 
 
 def _sync(device: torch.device) -> None:

@@ -65,8 +65,9 @@ class BenchConfig:
     k: int = 4  # fixed draft length of the K engines
     sweep_ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # speedup vs K
     sweep_workload: str = "code_edit"  # greedy, the sweep's workload
+    # bench words (drafters/registry.py's BenchUse) of the sweep's engines
     sweep_drafters: list[str] = field(default_factory=lambda: ["lookup", "draft", "eagle",
-                                                               "int8"])
+                                                               "qdraft int8"])
     block: bool = True  # include the block-verification engines (sampling modes only)
     batch_rows: int = 8  # rows of the batched comparison (0 = skip)
     batch_max_new_tokens: int = 48  # per row in the batched comparison
@@ -93,10 +94,12 @@ class Bench:
 
     def __init__(self, target: Model, cfg: BenchConfig, *, engines: list[EngineSpec] | None = None,
                  draft=None, draft_note: str = "", eagle_factory: Callable[[], object] | None = None,
-                 workloads: list[Workload] | None = None, progress: bool = True) -> None:
+                 workloads: list[Workload] | None = None, progress: bool = True,
+                 sources: dict[str, object] | None = None) -> None:
         self.target = target
         self.cfg = cfg
-        self.runner = Engines(target, draft, eagle_factory)
+        # sources: the source of each registry drafter that takes one (Engines)
+        self.runner = Engines(target, draft, eagle_factory, sources)
         if engines is None:
             engines = tree_engines() if cfg.trees else default_engines(
                 cfg.k, eagle=eagle_factory is not None, block=cfg.block, qk=cfg.qk)
@@ -251,9 +254,9 @@ class Bench:
                EngineSpec(f"exactspec lookup K={k}", "exactspec", "lookup", k),
                EngineSpec("exactspec lookup auto", "exactspec", "lookup", "auto")]
         out += [EngineSpec("exactspec eagle K=4", "exactspec", "eagle", k),
-                EngineSpec(f"exactspec qdraft int8 K={self.cfg.qk}", "exactspec", "int8",
-                           self.cfg.qk),
-                EngineSpec("exactspec qdraft int8 auto", "exactspec", "int8", "auto")]
+                EngineSpec(f"exactspec qdraft int8 K={self.cfg.qk}", "exactspec",
+                           "qdraft int8", self.cfg.qk),
+                EngineSpec("exactspec qdraft int8 auto", "exactspec", "qdraft int8", "auto")]
         return self._selected(out)
 
     def _selected(self, specs: list[EngineSpec]) -> list[EngineSpec]:

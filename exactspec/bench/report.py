@@ -173,7 +173,7 @@ def write_plots(result: dict, out_dir: str | Path) -> list[Path]:
     sweep = result.get("sweep") or []
     if sweep:  # none in a tree comparison (it sweeps the verify width instead)
         fig, ax1 = plt.subplots(figsize=(6, 4))
-        for d in ("lookup", "draft", "eagle"):
+        for d in dict.fromkeys(r["drafter"] for r in sweep if r["drafter"] != "none"):
             pts = sorted((r["k"], r["ratio_to_plain"], r["bound"], r.get("bound_with_width_cost"))
                          for r in sweep if r["drafter"] == d and r["ratio_to_plain"] is not None)
             if pts:

@@ -40,7 +40,9 @@ class EngineSpec:
 
     name: str  # shown in tables and plots
     family: str  # "exactspec" | "transformers" | "llama.cpp"
-    drafter: str  # "none" | "lookup" | "draft" | "eagle" | "int8" | "int4" (quantized self-draft)
+    # "none", or a bench word of the drafter registry (drafters/registry.py's BenchUse):
+    # "lookup", "draft", "eagle", "qdraft int8", "qdraft int8 torch", "cross-vocab", ...
+    drafter: str
     k: int | str = 0  # draft tokens per step, or "auto"; 0 for plain decoding
     verify: str = "token"  # exactspec verification method ("token" | "block")
     counterpart: str | None = None  # the transformers engine this one is compared with

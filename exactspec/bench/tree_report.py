@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from exactspec.bench.table import render_table
+from exactspec.drafters.registry import match_words
 
 COLUMNS = ["engine", "mode", "group", "width", "scored", "draft fwd", "acc len", "nodes/step",
            "tok/s", "x plain", "w run", "w(scored)", "c/fwd", "draft/step", "predicted",
@@ -63,7 +64,7 @@ def shape_label(row: dict) -> str:
     if isinstance(t, dict):  # a dynamic tree's fields
         text = f"dynamic:{t['node_budget']}"
     else:
-        text = f"{t[0]}x{len(t)}" if row["drafter"] in ("lookup", "suffix") else ",".join(map(str, t))
+        text = f"{t[0]}x{len(t)}" if row["drafter"] in match_words() else ",".join(map(str, t))
     sib = row.get("siblings")
     return text + ("" if sib in (None, "without_replacement") else f" {sib}")
 

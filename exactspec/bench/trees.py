@@ -26,13 +26,11 @@ import re
 
 from exactspec.bench.engines import EngineSpec
 from exactspec.drafters.base import TreeSpec
+from exactspec.drafters.registry import DRAFTERS, bench_uses, match_words
 from exactspec.drafters.tree_shape import DynamicTree, as_tree
 
 Tree = TreeSpec | tuple[int, ...]  # a fixed branching per depth, or a dynamic tree
 
-# drafter key (EngineSpec.drafter) -> the words engine names use for it
-DRAFTER_WORDS = {"eagle": "eagle", "lookup": "lookup", "suffix": "suffix", "draft": "draft",
-                 "int8-torch": "qdraft int8 torch", "int4-torch": "qdraft int4 torch"}
 # the compared trees per drafter (a tree, or (tree, siblings)); each is run against the chain
 # of as many draft tokens
 TREE_SETS: dict[str, tuple] = {
@@ -40,31 +38,33 @@ TREE_SETS: dict[str, tuple] = {
               DynamicTree(16), (DynamicTree(16), "deterministic")),  # EAGLE-2's, 16 nodes
     "lookup": ((2, 1, 1), (2, 1, 1, 1), (4, 1, 1, 1)),  # 2x3, 2x4, 4x4 matches
     "suffix": ((2, 1, 1, 1),),  # <= 2 children per node, 4 deep, 8 nodes
-    "int8-torch": ((2, 1, 1, 1, 1, 1),),  # 12 nodes at the chain's K=6 depth
+    "qdraft int8 torch": ((2, 1, 1, 1, 1, 1),),  # 12 nodes at the chain's K=6 depth
 }
 REFERENCE_KS = (4, 6)  # the chains' usual K, run for reference
-POINT_MASS = {"lookup", "suffix"}  # drafters that propose without a model forward
-# drafters whose trees are M continuations of depth D, spelled MxD, tree (M, 1, ..., 1)
-MATCH_TREES = {"lookup", "suffix"}
 
-_NAME = re.compile(
-    r"^(?:exactspec )?(?P<d>" + "|".join(sorted(map(re.escape, DRAFTER_WORDS.values()),
-                                                key=len, reverse=True)) + r") "
-    r"(?:tree (?:(?P<m>\d+)x(?P<depth>\d+)|(?P<tree>\d+(?:,\d+)*)|(?P<dyn>dynamic(?::\d+){0,3}))"
-    r"|K=(?P<k>\d+))(?: (?P<sib>iid|deterministic))?(?P<traversal> traversal)?$")
+
+def _name_pattern() -> re.Pattern:
+    """An engine name: a bench word of the drafter registry (drafters/registry.py's
+    BenchUse, read at each call), then 'tree ...' or 'K=N' and the optional suffixes."""
+    return re.compile(
+        r"^(?:exactspec )?(?P<d>" + "|".join(sorted(map(re.escape, bench_uses()), key=len,
+                                                    reverse=True)) + r") "
+        r"(?:tree (?:(?P<m>\d+)x(?P<depth>\d+)|(?P<tree>\d+(?:,\d+)*)"
+        r"|(?P<dyn>dynamic(?::\d+){0,3}))|K=(?P<k>\d+))(?: (?P<sib>iid|deterministic))?"
+        r"(?P<traversal> traversal)?$")
 
 
 def shape_text(drafter: str, tree: Tree) -> str:
     """'4,1,1,1', a lookup tree's '3x4', a dynamic tree's 'dynamic:16' (or :BUDGET:K:DEPTH)."""
     tree = as_tree(tree)
-    return f"{tree[0]}x{len(tree)}" if drafter in MATCH_TREES and tree.fixed else tree.text()
+    return f"{tree[0]}x{len(tree)}" if drafter in match_words() and tree.fixed else tree.text()
 
 
 def tree_name(drafter: str, tree: Tree, siblings: str = "without_replacement",
               verify: str = "token") -> str:
     """The engine name of a tree: 'exactspec eagle tree 4,1,1,1', 'exactspec lookup tree 3x4',
     'exactspec eagle tree dynamic:16 deterministic'."""
-    name = f"exactspec {DRAFTER_WORDS[drafter]} tree {shape_text(drafter, tree)}"
+    name = f"exactspec {drafter} tree {shape_text(drafter, tree)}"
     name += "" if siblings == "without_replacement" else f" {siblings}"
     return name + (" traversal" if verify == "traversal" else "")
 
@@ -81,7 +81,7 @@ def tree_spec(drafter: str, tree: Tree, *, siblings: str = "without_replacement"
 
 def chain_spec(drafter: str, k: int) -> EngineSpec:
     """A chain engine, named as the default engines name it ('exactspec eagle K=8')."""
-    return EngineSpec(f"exactspec {DRAFTER_WORDS[drafter]} K={k}", "exactspec", drafter, k)
+    return EngineSpec(f"exactspec {drafter} K={k}", "exactspec", drafter, k)
 
 
 def tree_engines(sets: dict[str, tuple] | None = None) -> list[EngineSpec]:
@@ -102,18 +102,20 @@ def tree_engines(sets: dict[str, tuple] | None = None) -> list[EngineSpec]:
 def engine_from_name(text: str) -> EngineSpec | None:
     """The engine a name spells ('eagle tree 3,2,1', 'lookup tree 3x4 traversal',
     'eagle K=16'), or None when it spells none of these forms."""
-    m = _NAME.match(text.strip())
+    m = _name_pattern().match(text.strip())
     if m is None:
         return None
-    drafter = next(k for k, v in DRAFTER_WORDS.items() if v == m["d"])
+    drafter = m["d"]
     if m["k"] is not None:
         return None if m["sib"] or m["traversal"] else chain_spec(drafter, int(m["k"]))
+    if DRAFTERS[bench_uses()[drafter][0]].trees == "none":
+        return None  # a chain-only drafter has no tree engines
     if m["m"] is not None:
-        if drafter not in MATCH_TREES:
+        if drafter not in match_words():
             return None
         tree: Tree = (int(m["m"]),) + (1,) * (int(m["depth"]) - 1)
     elif m["dyn"] is not None:
-        if drafter in MATCH_TREES:
+        if drafter in match_words():
             return None
         tree = as_tree(m["dyn"])
     else:
@@ -137,7 +139,7 @@ def with_named(specs: list[EngineSpec], names: list[str] | None) -> list[EngineS
 
 def draft_forwards(spec: EngineSpec) -> int | None:
     """Draft model forwards per step: one per tree depth or chain token; 0 for point masses."""
-    if spec.drafter in POINT_MASS:
+    if spec.drafter in match_words():  # point masses: no model forward
         return 0
     return spec.draft_forwards
 

@@ -8,6 +8,7 @@ import re
 import sys
 
 from exactspec.cli.common import at_least
+from exactspec.drafters.registry import DRAFTERS, BenchUse
 
 
 def add(sub) -> None:
@@ -33,6 +34,13 @@ def add(sub) -> None:
                    help="measured rounds (default 3; quick 1)")
     p.add_argument("--draft-layers", type=at_least(1), default=None,
                    help="the draft model is the target's first N layers (default 4)")
+    for name, flag, use in model_drafters():  # --draft MODEL, --cross-vocab-draft MODEL
+        default = use.default or ("the target's first --draft-layers layers" if name == "draft"
+                                  else "none: its engines are skipped")
+        p.add_argument(flag, dest=name.replace("-", "_"), metavar="MODEL", default=None,
+                       help=f"the model of the '{use.word}' engines (drafters/registry.py): "
+                       f"{DRAFTERS[name].help}; default {default} (skipped when it is the "
+                       "target)")
     p.add_argument("--no-eagle", action="store_true", help="skip the EAGLE head engine")
     p.add_argument("--engines", default=None, metavar="A,B",
                    help="only engines whose name contains one of these (e.g. "
@@ -61,6 +69,27 @@ def add(sub) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if "
                    "available, else cpu)")
     p.set_defaults(run=run)
+
+
+def model_drafters() -> list[tuple[str, str, BenchUse]]:
+    """(registry name, flag, BenchUse) of every benched drafter built from a model the bench
+    is given (drafters/registry.py: a MODEL argument and no source fixed by its BenchUse)."""
+    return [(name, e.flag, use) for name, e in DRAFTERS.items() for use in e.bench[:1]
+            if e.flag and use.source is None and e.argument.get("metavar") == "MODEL"]
+
+
+def _sources(args, cfg, device: str) -> dict[str, object]:
+    """The draft models named by the model flags (or their BenchUse default), loaded once;
+    one that is the target itself, or whose engines --engines leaves out, is not loaded."""
+    from exactspec.models import load
+
+    out = {}
+    for name, _, use in model_drafters():
+        source = getattr(args, name.replace("-", "_")) or use.default
+        kept = cfg.engines is None or any(use.word in e or e in use.word for e in cfg.engines)
+        if source and source != args.model and kept:
+            out[name] = load(source, device=device, dtype=args.dtype)
+    return out
 
 
 def _split(text: str) -> list[str]:
@@ -121,11 +150,15 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= cfg.draft_layers <= layers:
         raise UsageError(f"--draft-layers {cfg.draft_layers} must be in 1..{layers} "
                          f"({model.name} has {layers} layers)")
-    draft = truncated_draft(model.model, cfg.draft_layers)
-    note = (f"no separate small model with the target's vocabulary is available offline, so the "
+    sources = _sources(args, cfg, device)
+    draft = None if "draft" in sources else truncated_draft(model.model, cfg.draft_layers)
+    note = (f"the draft model is {args.draft}" if draft is None else
+            f"no separate small model with the target's vocabulary is available offline, so the "
             f"draft model is the target truncated to its first {cfg.draft_layers} of {layers} "
             f"layers (+ final norm and head, weights shared); its acceptance is low, so the "
             f"draft rows mostly measure overhead")
+    note += "".join(f"; {use.word}: {sources[name].name}" for name, _, use in model_drafters()
+                    if name in sources and name != "draft")
     eagle = None
     if not args.no_eagle:
         try:
@@ -139,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     off = progress_off()  # the bar only on a terminal, unless --progress
     progress = not off if off is not None else sys.stderr.isatty()
     result = Bench(model, cfg, draft=draft, draft_note=note, eagle_factory=eagle,
-                   progress=progress).run()
+                   progress=progress, sources=sources).run()
     interrupted = bool(result.get("interrupted"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,8 @@ drafter flags built from it, the same for every command (generate, serve, batch)
     drafter_spec(args) -> DrafterSpec   the flags as one spec, combinations refused by name
     drafter_from_args(args, target)     the drafter (or None) and its label
 
-Adding a drafter is one `Entry` line here (its flag, its constructor, whether it drafts trees).
+Adding a drafter is one `Entry` line here (its flag, its constructor, whether it drafts trees,
+the words `exactspec bench` names its engines by: `BenchUse`).
 Nothing here imports torch: the constructors import their drafter when called, so `exactspec
 --help` stays fast. Mistakes raise InvalidValue (exit code 2 on the command line) naming the
 flag and the fix; the flags' own argument errors are argparse's.
@@ -52,6 +53,24 @@ class DrafterSpec:
 
 
 @dataclass(frozen=True)
+class BenchUse:
+    """How `exactspec bench` runs a drafter of the table: the word its engines are named by
+    ("exactspec WORD K=4", "exactspec WORD auto", "exactspec WORD tree 3x4") and the spec
+    options that word fixes; a drafter without one is not benched."""
+
+    word: str  # in engine names: "lookup", "qdraft int8", "cross-vocab", ...
+    source: object = None  # the spec's source; None: the bench's own (its draft model, ...)
+    backend: str | None = None  # a quantized draft's --draft-backend; None: auto
+    k: str = "k"  # the default engines' K: "k" (the bench's K, 4) or "qk" (its quantized K, 6)
+    # the default engines: "K" (fixed K), "K block" (block verification, sampling modes only),
+    # "auto" (K per step from measured costs)
+    engines: tuple[str, ...] = ("K", "auto")
+    default: str | None = None  # the bench's source when the user gives none (a model name)
+    reuse: bool = False  # one drafter for every run of an engine (a per-target map built at
+    # its first `begin`); False: a fresh one per run, as a user's first call sees it
+
+
+@dataclass(frozen=True)
 class Entry:
     """One drafter of the table."""
 
@@ -62,6 +81,13 @@ class Entry:
     trees: str = "none"  # "any": fixed and dynamic trees; "fixed": branching only; "none"
     # argparse keywords of the flag: an argument (metavar, nargs, const, type) or a switch
     argument: dict = field(default_factory=lambda: {"action": "store_true"})
+    bench: tuple[BenchUse, ...] = ()  # its engines in `exactspec bench`; (): not benched
+    supports: Callable[[object], bool] | None = None  # (target model) -> can it draft for it
+
+    @property
+    def takes_source(self) -> bool:
+        """Whether the drafter is built from an argument (a model, a head, bits)."""
+        return "metavar" in self.argument
 
 
 def _trees(spec: DrafterSpec) -> dict:
@@ -123,6 +149,12 @@ def _quantized(spec: DrafterSpec, target):
                           **_trees(spec))
 
 
+def _quantized_supports(model) -> bool:
+    from exactspec.drafters.quantized import QuantizedDraft
+
+    return QuantizedDraft.supports(model)
+
+
 def _gguf(spec: DrafterSpec, target):
     from exactspec.drafters.gguf_draft import GgufDraft
 
@@ -148,26 +180,34 @@ def _model_arg(metavar: str) -> dict:
 # the table, in the order the flags are listed; the dest of each flag is its name, "-" -> "_"
 DRAFTERS: dict[str, Entry] = {
     "draft": Entry("--draft", _draft, lambda s, d: f"draft {s.source}",
-                   "draft model sharing the target's vocabulary", "any", _model_arg("MODEL")),
+                   "draft model sharing the target's vocabulary", "any", _model_arg("MODEL"),
+                   (BenchUse("draft", engines=("K", "K block", "auto")),)),
     "cross-vocab-draft": Entry(
         "--cross-vocab-draft", _cross_vocab, lambda s, d: f"cross-vocabulary draft {s.source}",
         "draft model with another tokenizer (es.CrossVocabDraft: tokens matched by the text "
-        "they stand for; still exact)", "none", _model_arg("MODEL")),
+        "they stand for; still exact)", "none", _model_arg("MODEL"),
+        (BenchUse("cross-vocab", default="smollm2-135m", reuse=True),)),
     "prompt-lookup": Entry(
         "--prompt-lookup", _prompt_lookup,
         lambda s, d: "prompt lookup" + (f", {s.tree[0]} branches" if s.tree else ""),
-        "draft by copying n-grams from the prompt and output", "fixed"),
+        "draft by copying n-grams from the prompt and output", "fixed",
+        bench=(BenchUse("lookup", engines=("K", "K block", "auto")),)),
     "eagle": Entry(
         "--eagle", _eagle, lambda s, d: f"eagle {s.source}",
         "draft with an EAGLE-style head over the target's features: the shipped name "
         "(default smollm2-135m) or a directory from train-draft", "any",
-        {"metavar": "HEAD", "nargs": "?", "const": "smollm2-135m", "default": None}),
+        {"metavar": "HEAD", "nargs": "?", "const": "smollm2-135m", "default": None},
+        (BenchUse("eagle", reuse=True),)),
     "quantized-draft": Entry(
         "--quantized-draft", _quantized,
         lambda s, d: f"quantized draft {s.source}-bit ({getattr(d, 'backend', 'auto')})",
         "draft with the target itself, weight-only quantized to 8 (int8, the default) or 4 "
         "(int4) bits, or 16 (bfloat16); needs no training", "any",
-        {"metavar": "BITS", "nargs": "?", "const": 8, "type": _bits, "default": None}),
+        {"metavar": "BITS", "nargs": "?", "const": 8, "type": _bits, "default": None},
+        tuple(BenchUse(f"qdraft {fmt}{' torch' * torch}", bits, "torch" if torch else None,
+                       "qk", ("K",) if torch else ("K", "auto"))
+              for fmt, bits in (("int8", 8), ("int4", 4)) for torch in (False, True)),
+        _quantized_supports),
     "gguf-draft": Entry(
         "--gguf-draft", _gguf, lambda s, d: f"gguf draft {d!r}",
         "draft with llama.cpp running a GGUF of the target (default: the embedded model's "
@@ -177,7 +217,7 @@ DRAFTERS: dict[str, Entry] = {
         None, _suffix,
         lambda s, d: "suffix" + (f", {s.tree[0]} branches" if s.tree else ""),
         "draft from suffix tries over the context and earlier outputs (es.SuffixDrafter)",
-        "fixed"),
+        "fixed", bench=(BenchUse("suffix"),)),
 }
 
 
@@ -312,3 +352,15 @@ def drafter_from_args(args: argparse.Namespace,
 def drafter_flags() -> str:
     """'--draft, --cross-vocab-draft, ... or --gguf-draft': every drafter flag (messages)."""
     return _flags("all")
+
+
+def bench_uses() -> dict[str, tuple[str, BenchUse]]:
+    """Every word `exactspec bench` names engines by -> (the drafter's name, its BenchUse),
+    in the table's order."""
+    return {use.word: (name, use) for name, entry in DRAFTERS.items() for use in entry.bench}
+
+
+def match_words() -> set[str]:
+    """The bench words of the point-mass drafters (trees "fixed"): their trees are M matches
+    of depth D, tree (M, 1, ..., 1), spelled "MxD" in engine names and tables."""
+    return {word for word, (name, _) in bench_uses().items() if DRAFTERS[name].trees == "fixed"}

@@ -212,12 +212,15 @@ def test_engine_names_round_trip_and_split():
         assert s.drafter == "none" or engine_from_name(s.name) == s
 
 
-def test_quantized_tree_engine_equals_generate_with_that_drafter(model):
-    """The 8-bit self-draft's tree engine: the drafter es.generate gets for that tree."""
-    spec = engine_from_name("qdraft int8 torch tree 2,1")
+@pytest.mark.parametrize("name, backend", [("qdraft int8 torch tree 2,1", "torch"),
+                                           ("qdraft int8 tree 2,1", "auto")])
+def test_quantized_tree_engine_equals_generate_with_that_drafter(model, name, backend):
+    """The 8-bit self-draft's tree engine: the drafter es.generate gets for that tree (the
+    registry's BenchUse options: "torch" fixes the backend; auto picks torch for trees)."""
+    spec = engine_from_name(name)
     ids = [model.encode("copy: abc abc abc abd abc", chat=True)]
     run = Engines(model).run(spec, ids, MODES["t1"], 12, seed=3)
-    gen = es.generate(model, ids, drafter=es.QuantizedDraft(8, backend="torch", tree=(2, 1)),
+    gen = es.generate(model, ids, drafter=es.QuantizedDraft(8, backend=backend, tree=(2, 1)),
                       params=MODES["t1"].params(3), max_new_tokens=12)[0]
     assert run.texts == [gen.token_ids] and run.steps == gen.stats.steps
     assert run.drafted == gen.stats.drafted and spec.verify_width == 5
@@ -233,10 +236,13 @@ def test_named_engines_are_added_and_unknown_names_refused(model):
         Bench(model, BenchConfig(engines=["plain", "eagel tree 2,1"]), workloads=WORKLOADS)
     runner = Engines(model)
     ids = [model.encode("abc abc", chat=True)]
-    int8_tree = EngineSpec("exactspec qdraft int8 tree 2,1", "exactspec", "int8", 0, tree=(2, 1))
+    chain_only = EngineSpec("exactspec cross-vocab tree 2,1", "exactspec", "cross-vocab", 0,
+                            tree=(2, 1))
+    unknown = EngineSpec("exactspec int8 K=4", "exactspec", "int8", 4)
     for bad, match in ((tree_spec("lookup", (2, 2)), "M branches of depth D"),
                        (tree_spec("suffix", (2, 2)), "M branches of depth D"),
-                       (int8_tree, "chains only")):
+                       (chain_only, "drafts chains only"),
+                       (unknown, "unknown drafter 'int8'; the bench's are draft, ")):
         with pytest.raises(InvalidValue, match=match):
             runner.run(bad, ids, MODES["greedy"], 4, seed=0)
 
