@@ -47,12 +47,13 @@ def llama_cpp_engines(formats: tuple[str, ...] = FORMATS) -> list[EngineSpec]:
 
 def supports(model) -> bool:
     """Whether the llama.cpp rows can run for this target: llama-cpp-python installed, a
-    Llama-architecture model (what the exporter writes), on the CPU."""
+    model the GGUF export writes (models/gguf_export.ARCHS: Llama, Mistral, Qwen 2 / 3,
+    Gemma 3), on the CPU."""
     from exactspec.drafters.gguf_draft import llama_cpp_available
+    from exactspec.models.gguf_export import unsupported
 
-    cfg = getattr(model, "config", None)
     on_cpu = all(p.device.type == "cpu" for p in model.parameters())
-    return llama_cpp_available() and getattr(cfg, "model_type", None) == "llama" and on_cpu
+    return llama_cpp_available() and unsupported(model) is None and on_cpu
 
 
 def gguf_for(model, qtype: str) -> Path:

@@ -159,3 +159,10 @@ def test_real_gemma3_q8_0_export_agrees_with_transformers(tmp_path):
     got, want = per_position(target.model, path, prompt)
     assert float((got.argmax(-1) == want.argmax(-1)).float().mean()) >= 0.75
     assert float((got - want).abs().max()) <= 0.05 * float(want.abs().max())
+
+
+def test_the_bench_runs_llama_cpp_rows_for_every_exported_architecture():
+    from exactspec.bench.llama_cpp import supports
+
+    assert all(supports(exported_tiny(t)) for t in EXPORTED)
+    assert not supports(tiny("qwen2", vocab=V))  # its window: refused by the export
