@@ -1,7 +1,8 @@
 """Benchmarks: `exactspec bench` compares exactspec's engines with transformers' on real models.
 
 harness.py    the run: every engine on workloads.json, interleaved round by round
-engines.py, specs.py, llama_cpp.py, hf_quantized.py   the engines compared
+engines.py, specs.py, llama_cpp.py, hf_quantized.py   the engines compared (drafters named
+              and built through drafters/registry.py: each entry's BenchUse words)
 rows.py, figures.py   one row's figures; alpha, the analytic bound, the machine
 report.py, table.py, trees.py, tree_report.py         tables and plots (and trees vs chains)
 ceiling.py, width_cost.py, verify_speed.py            study tools (`python -m ...`), not tests

@@ -14,8 +14,10 @@ from exactspec.drafters.registry import DRAFTERS, BenchUse
 def add(sub) -> None:
     p = sub.add_parser(
         "bench", help="measure every engine side by side: tokens/s, acceptance, bounds, plots",
-        description="Runs exactspec (plain, prompt lookup, a draft model, the EAGLE head when "
-        "installed; token / block verification, fixed K and auto), transformers generate "
+        description="Runs exactspec (plain and every drafter of the drafter registry with a "
+        "bench word: prompt lookup, a draft model, a cross-vocabulary draft, the EAGLE head when "
+        "installed, the quantized self-draft, suffix; token / block verification, fixed K and "
+        "auto), transformers generate "
         "(plain, assisted generation with the same draft model, prompt lookup) and, when "
         "llama-cpp-python is installed, llama.cpp's plain decoding of the same weights as "
         "F32 / Q8_0 / Q4_1 GGUF, on the shipped workloads, greedy and sampling, interleaved "
