@@ -67,6 +67,9 @@ def refusal(model) -> str | None:
             return f"{name}={getattr(cfg, name)} (soft-capping is not implemented)"
     if getattr(cfg, "pretraining_tp", 1) > 1:
         return f"pretraining_tp={cfg.pretraining_tp}"
+    if getattr(cfg, "mlp_bias", False) or (getattr(cfg, "attention_bias", False)
+                                           and not arch.qkv_bias):
+        return "attention_bias / mlp_bias in the config"
     layer = inner.layers[0]
     a, m = layer.self_attn, layer.mlp
     if any(getattr(p, "bias", None) is not None for p in (a.o_proj, m.gate_proj, m.up_proj,

