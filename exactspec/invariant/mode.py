@@ -275,7 +275,10 @@ def check_invariant_target(model, on: bool) -> bool:
 def covered(model) -> bool:
     """Whether the mode promises the engine's bits for `model`: float32 Llama on the CPU."""
     param = next(model.parameters())
-    return (LeanLlama.supports(model) and param.dtype == torch.float32
+    # Llama only: the swaps above are Llama's classes (the lean forward's other architectures,
+    # models/lean_arch.py, have their own norms, activations and rotary modules)
+    return (LeanLlama.supports(model) and model.config.model_type == "llama"
+            and param.dtype == torch.float32
             and param.device.type == "cpu")
 
 
