@@ -1,7 +1,7 @@
 """Weight-only quantized copies of any transformers model: the generic self-draft path.
 
-The lean forward (`models/lean.py`) runs Llama architectures only. For every other target,
-`quantized_copy_for(model, "int8")` builds a copy of the model's own module tree whose linear
+The lean forward (`models/lean.py`) runs the Llama family of `models/lean_arch.py`. For every
+other target, `quantized_copy_for(model, "int8")` builds a copy of the model's own module tree whose linear
 layers (`nn.Linear`, transformers' `Conv1D`, the LM head included; a head tied to the
 embeddings is untied in the copy only) are `QuantLinear`s: the same `Matrix` storage and
 per-process, per-device kernel choice as the lean forward (`models/formats.py`). Everything
