@@ -33,7 +33,7 @@ from exactspec.engine import generate
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.lean import LeanLlama, lean_forward_for
 from exactspec.models.lean_arch import ARCHS
-from exactspec.models.loading import load
+from exactspec.models.loading import as_model, load
 from tests.drafters.test_cross_vocab_real import first_token_counts
 from tests.embedded import installed
 from tests.models.architectures import tiny
@@ -137,6 +137,9 @@ def test_the_table_is_what_supports_accepts():
     assert not LeanLlama.supports(tiny("qwen3_moe"))
     biased = tiny("llama", attention_bias=True)  # o_proj bias too
     assert not LeanLlama.supports(biased) and TargetAdapter(biased).lean is None
+    # what es.load / as_model say
+    assert as_model(model_of("gemma3_text")).path == "lean"
+    assert as_model(tiny("gpt2")).path == "transformers"
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
