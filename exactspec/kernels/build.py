@@ -31,6 +31,10 @@ ISA_FLAGS = {  # unit -> its instruction-set flags
     "avx2": ["-mavx2", "-mfma"],
     "portable": [],
 }
+# the operators' unit: OpenMP on, or at::parallel_for (inline, `#pragma omp`) runs serially;
+# linked against the libgomp torch already loaded (same soname), so torch.set_num_threads
+# governs our threads as well
+OPS_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
 
 
 def build_dir() -> Path:
@@ -45,7 +49,7 @@ def digest() -> str:
     for p in sorted(CSRC.iterdir()):
         h.update(p.name.encode())
         h.update(p.read_bytes())
-    h.update(repr((COMMON, ISA_FLAGS, torch.__version__, sys.version_info[:2])).encode())
+    h.update(repr((COMMON, ISA_FLAGS, OPS_FLAGS, torch.__version__, sys.version_info[:2])).encode())
     return h.hexdigest()[:12]
 
 
@@ -91,8 +95,8 @@ def _build(verbose: bool) -> Path:
             tmp.replace(obj)
         objects.append(str(obj))
     cpp_extension.load(name=name, sources=[str(CSRC / "ops.cpp"), str(CSRC / "ops_act.cpp")],
-                       extra_cflags=[*COMMON[:1], "-ffp-contract=off"],
-                       extra_ldflags=objects, build_directory=str(out),
+                       extra_cflags=OPS_FLAGS,
+                       extra_ldflags=[*objects, "-fopenmp"], build_directory=str(out),
                        is_python_module=False, verbose=verbose)
     return library_path()
 
