@@ -6,8 +6,8 @@ every norm weight and bias perturbed so that each declared difference changes th
 - its logits equal transformers' full forward within a float32 bound, on the kernels and on the
   torch path, fed at once and one token at a time past the window; a wrong variant of each
   declared difference (bias dropped, norm skipped, window ignored, ...) exceeds that bound;
-- on the kernels, a position's logits are the same bits alone, inside a width-5 call and inside
-  a ragged batch;
+- on the kernels, a position's logits are the same bits alone, inside a width-5 call, inside
+  a ragged batch and inside a token tree;
 - greedy decoding with the int8 self-draft (the same lean forward on int8 weights) equals plain
   greedy bit for bit through `es.generate`;
 - the law of the first 3 tokens through `es.generate` (plain and int8 self-draft) is the
@@ -34,6 +34,7 @@ from exactspec.models.adapter import TargetAdapter
 from exactspec.models.lean import LeanLlama, lean_forward_for
 from exactspec.models.lean_arch import ARCHS
 from exactspec.models.loading import as_model, load
+from exactspec.models.tree_attention import extend_at
 from tests.drafters.test_cross_vocab_real import first_token_counts
 from tests.embedded import installed
 from tests.models.architectures import tiny
@@ -182,6 +183,24 @@ def test_kernels_give_a_position_the_same_bits_at_any_width_and_batch(name):
         for j in range(5):
             assert torch.equal(one.extend(feed[r:r + 1, j:j + 1])[0, 0], wide[r, j]), (r, j)
             one.commit(torch.tensor([1]))
+    # a token tree: the row-0 chain as one branch, a sibling beside each of its first 3 nodes
+    # (slots != positions; windows measured in positions)
+    chain, n = feed[0].tolist(), len(prompts[0])
+    toks = [*chain, 7, 8, 9]
+    parent = [-1, 0, 1, 2, 3, 0, 1, 2]
+    depth = [0, 1, 2, 3, 4, 1, 2, 3]
+    visible = torch.zeros(1, len(toks), n + len(toks), dtype=torch.bool)
+    visible[0, :, :n] = True
+    for i in range(len(toks)):
+        j = i
+        while j >= 0:
+            visible[0, i, n + j] = True
+            j = parent[j]
+    tree = TargetAdapter(model)
+    tree.prefill([prompts[0]], capacity=32)
+    out = extend_at(tree, torch.tensor([toks]), torch.tensor([[n + x for x in depth]]),
+                    torch.arange(n, n + len(toks))[None], visible)[0]  # [8, V]
+    assert torch.equal(out[:5], wide[0]), name
 
 
 GREEDY_PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6, 5], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9],
