@@ -8,7 +8,8 @@ transformers' forward, the kernels' invariance, greedy == plain and the chi-squa
 (soft-capping, biases beyond q / k / v, another activation), keeps transformers' forward
 (`refusal` says why, one log line at load).
 
-Llama 3 is `llama` (its rope scaling lives in the model's rotary module, which fills our RoPE
+Gemma (1) and 3 scale their embeddings by sqrt(hidden) inside their embedding module, which the
+lean forward calls. Llama 3 is `llama` (its rope scaling lives in the model's rotary module, which fills our RoPE
 tables); Qwen 2.5 is `qwen2`. Sliding windows (Mistral, Qwen's windowed layers, Gemma 3's
 local layers) come from `architectures.attention_layout`, one mask per layer kind.
 """
@@ -39,8 +40,10 @@ class LeanArch:
 ARCHS: dict[str, LeanArch] = {
     "llama": LeanArch(),
     "mistral": LeanArch(),
+    "ministral": LeanArch(),  # Mistral with per-layer windows (layer_types)
     "qwen2": LeanArch(qkv_bias=True),
     "qwen3": LeanArch(qk_norm=True),
+    "gemma": LeanArch(act="gelu_tanh", unit_offset=True),  # its embedding module scales
     "gemma3_text": LeanArch(act="gelu_tanh", act_attr="hidden_activation", qk_norm=True,
                             sandwich=True, unit_offset=True, rope_per_kind=True,
                             scale_attr="query_pre_attn_scalar"),

@@ -1,5 +1,5 @@
 """The lean forward of every architecture in `models/lean_arch.py` (Llama, Llama 3's rope
-scaling, Mistral, Qwen 2, Qwen 3, Gemma 3 text) on tiny random models built from their
+scaling, Mistral, Ministral, Qwen 2, Qwen 3, Gemma, Gemma 3 text) on tiny random models built from their
 transformers configs (tests/models/architectures.py: 2 layers, windows of 4 positions), with
 every norm weight and bias perturbed so that each declared difference changes the logits.
 
@@ -47,6 +47,8 @@ CASES = {  # name -> (model_type, config overrides)
     "llama": ("llama", {}),
     "llama3": ("llama", {"rope_parameters": LLAMA3_ROPE}),
     "mistral": ("mistral", {}),
+    "ministral": ("ministral", {}),
+    "gemma": ("gemma", {}),
     "qwen2": ("qwen2", {}),
     "qwen3": ("qwen3", {}),
     "gemma3_text": ("gemma3_text", {}),
@@ -88,6 +90,12 @@ WRONG = {
     "llama3": {"rope scaling ignored": _default_rope},
     "mistral": {"window ignored": lambda lean: [setattr(layer, "kind", "full_attention")
                                                 for layer in lean.layers]},
+    "ministral": {"window ignored": lambda lean: [setattr(layer, "kind", "full_attention")
+                                                  for layer in lean.layers]},
+    "gemma": {"(1 + w) norms as w": lambda lean: [
+        setattr(layer, "norm_in", layer.norm_in - 1) for layer in lean.layers],
+        "silu for GeGLU": lambda lean: setattr(lean, "arch",
+                                               dataclasses.replace(lean.arch, act="silu"))},
     "qwen2": {"q/k/v bias dropped": lambda lean: [setattr(layer, "qkv_bias", None)
                                                   for layer in lean.layers]},
     "qwen3": {"q/k norms skipped": lambda lean: [
