@@ -1,6 +1,6 @@
 """QuantizedDraft on targets the lean forward does not run: the quantized transformers copy.
 
-Tiny random Gemma 3 models (sliding and full attention layers, LM head tied to the embeddings)
+Tiny random Gemma 2 models (sliding and full attention layers, LM head tied to the embeddings)
 built from a config here. Exact: greedy speculative == plain greedy; the copy's logits equal a
 float model carrying the dequantized weights (reference kernel forced). Statistical: the
 engine's sequence-level chi-square at 1e-6 (helpers of tests/audit/test_engine_lossless.py),
@@ -13,7 +13,7 @@ import copy
 
 import pytest
 import torch
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel
+from transformers import Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from exactspec import SamplingParams
 from exactspec.audit import target_law
@@ -40,17 +40,18 @@ GREEDY = SamplingParams(temperature=0)
 BF16_EPS = 2.0**-8  # relative rounding of one bf16 value
 
 
-def tiny_gemma(seed: int = 0, *, vocab: int = 64, scale: float = 5.0) -> Gemma3ForCausalLM:
-    """2 layers (sliding window 4, then full attention), tied head; embeddings scaled by
-    `scale` so the logits are neither flat nor one-hot."""
+def tiny_gemma(seed: int = 0, *, vocab: int = 64, scale: float = 5.0) -> Gemma2ForCausalLM:
+    """Gemma 2 (the lean forward runs Gemma 3 now; Gemma 2's soft-capping keeps it generic):
+    2 layers (sliding window 4, then full attention), tied head; embeddings scaled by `scale`
+    so the logits are neither flat nor one-hot."""
     torch.manual_seed(seed)
-    cfg = Gemma3TextConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
-                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                           head_dim=8, max_position_embeddings=128, sliding_window=4,
-                           layer_types=["sliding_attention", "full_attention"],
-                           bos_token_id=None, pad_token_id=None, eos_token_id=None)
-    cfg._attn_implementation = "sdpa"
-    model = Gemma3ForCausalLM(cfg).eval()
+    cfg = Gemma2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=8, max_position_embeddings=128, sliding_window=4,
+                       layer_types=["sliding_attention", "full_attention"],
+                       bos_token_id=None, pad_token_id=None, eos_token_id=None)
+    cfg._attn_implementation = "eager"  # soft-capped attention scores
+    model = Gemma2ForCausalLM(cfg).eval()
     with torch.no_grad():
         model.model.embed_tokens.weight.mul_(scale)
     model.generation_config.eos_token_id = None
