@@ -227,9 +227,14 @@ class GgufDraft:
         if self._fed.shape[1] < tokens.shape[1] + k:
             grow = tokens.shape[1] + k - self._fed.shape[1]
             self._fed = torch.cat([self._fed, torch.full((len(lengths), grow), -1)], 1)
-        # roll back each row to the prefix its cache agrees on (never its last token)
+        # roll back each row to the prefix its cache agrees on (never its last token); a row
+        # that drafts nothing now is not fed (its sequence catches up when it next drafts)
+        nums = num_tokens.cpu().tolist()  # [B]
         feeds = []
         for i, n in enumerate(lengths):
+            if nums[i] <= 0:
+                feeds.append((0, []))
+                continue
             agree = int((self._fed[i, :n] == tokens[i, :n]).long().cumprod(0).sum())
             keep = min(agree, n - 1)
             c, seq = self._where[i]
@@ -244,14 +249,16 @@ class GgufDraft:
             q[:, j] = q_j
             if j + 1 < k:
                 xs = x.cpu().tolist()
-                logits = self._decode([(lengths[i] + j, [xs[i]]) for i in range(len(xs))])
+                logits = self._decode([(lengths[i] + j, [xs[i]] if nums[i] > j + 1 else [])
+                                       for i in range(len(xs))])
         want = torch.arange(k, device=dev)[None, :] < num_tokens.to(dev)[:, None]
         return torch.where(want, drafts, -1), q
 
     def _decode(self, feeds: list[tuple[int, list[int]]]) -> torch.Tensor:  # -> [B, V] float32
         """Feed row i's tokens at positions start_i.. (feeds[i] = (start_i, tokens_i)); the
-        logits after each row's last fed token. One llama_decode per context and chunk."""
-        out = torch.empty(len(feeds), self.vocab_size, dtype=torch.float32)
+        logits after each row's last fed token (zeros for a row fed nothing). One llama_decode
+        per context and chunk."""
+        out = torch.zeros(len(feeds), self.vocab_size, dtype=torch.float32)
         per_ctx: list[list[tuple[int, int, int, bool]]] = [[] for _ in self._ctxs]
         for i, (start, toks) in enumerate(feeds):
             c = self._where[i][0]

@@ -148,7 +148,7 @@ class BatchState:
                                   torch.cat([self.streams.steps, torch.zeros_like(seeds)]))
         self.rows += rows
         self._groups = None
-        self.policy.admit(len(rows))
+        self.policy.admit(len(rows), [len(r.prompt) for r in rows])
         if self.faulted is None:  # while a fault is pending the drafter restarts later
             start = len(self.rows) - len(rows)
             self.guard(admit_rows, self.drafter, self.context(), self.info, start)

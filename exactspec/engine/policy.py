@@ -11,6 +11,8 @@ AUTO_MAX_DRAFT = 8  # the longest draft "auto" proposes
 AUTO_PROBE_EVERY = 8  # a batch that stopped drafting still drafts one token after this many steps
 AUTO_PROBE_MAX = 64  # ... the gap doubling while the answer stays plain, up to this
 AUTO_COST_WINDOW = 9  # a cost estimate is the median of this many latest measurements
+PRIOR_WEIGHT = 2.0  # pseudo-observations a row's acceptance starts from (the pooled estimate)
+POOL_MAX = 256.0  # the pooled acceptance counts are scaled down past this many observations
 
 
 def expected_tokens(alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -26,29 +28,40 @@ class DraftLengthPolicy:
     """Chooses each row's draft length before a step.
 
     Fixed: always `num_draft_tokens` (capped by each row's room). Auto, per row: row b keeps
-    its own acceptance estimate alpha_b = (accepted + 1) / (accepted + rejections + 2) (a
-    rejection is a step that did not keep its whole draft) and its room r_b (drafts that still
-    fit its token budget and the context). The B rows share one forward, padded to the widest
-    row, and one drafting pass of as many positions, so a step costs
+    its own acceptance estimate alpha_b = (accepted + 2 a0) / (accepted + rejections + 2) (a
+    rejection is a step that did not keep its whole draft), a0 the acceptance pooled over every
+    row seen so far (the latest POOL_MAX observations; 1/2 before any): rows of one decoder draw
+    from similar texts, so a new row starts from what the rows before it accepted, not from an
+    even guess that kept one-stream serving plain for most of each answer. Row b's room r_b
+    caps its drafts (its token budget and the context). The B rows share one forward, padded
+    to the widest row, and one drafting pass of as many positions, so a step costs
     c(K) = K' * draft_cost(B) + target_cost(B, K' + 1) with K' = max_b min(K, r_b), whatever
     each row drafts below K'. Given that shared width a row's extra drafts are free and only
     add expected tokens, so row b drafts k_b = min(K, r_b), and K in 0..AUTO_MAX_DRAFT
     maximises the batch's tokens per second, sum_b expected_tokens(alpha_b, min(K, r_b)) /
-    c(K): a row near its budget adds no gain for drafts it cannot emit. K = 0 is plain
-    decoding, chosen whenever no K pays at this load.
+    (c(K) + s(K)): s(K), the switch, is the catch-up of the tokens the drafter has not seen
+    (rows that decoded plain, prompts not yet drafted for: `lag`) at the measured seconds per
+    caught-up token, spread over the steps the batch would keep drafting (its rows' mean room
+    over the tokens a step emits). A row near its budget adds no gain for drafts it cannot
+    emit. K = 0 is plain decoding, chosen whenever no K pays at this load.
 
     Costs are measured at the current number of rows and verify width, because that is what a
     server's load changes: a forward over B x (K+1) tokens is memory-bound for small B and
     compute-bound for large B, so drafting that pays for one row can cost for sixteen.
-    target_cost(B, w) is the measured EMA at (B, w); unmeasured, it is scaled from a width
-    measured at the same B by a model of cost against tokens B * w (piecewise linear through
-    every measurement, extended by its end segments; with one measurement t0 * (0.5 + 0.5
-    n / n0)), or read from that model alone. draft_cost(B) (seconds per draft position) the
-    same way along B. Exploration: K = 0 still drafts one token for two steps every `probe`
-    steps (doubling, up to AUTO_PROBE_MAX, while the answer stays 0) so that the acceptance
-    and draft cost estimates keep up (the first step's draft also catches up on the skipped
-    tokens; the second is measured), and a drafting batch takes one plain step at a row count
-    whose plain cost was never measured.
+    target_cost(B, w) is the median of the latest measurements at (B, w); unmeasured, it is
+    scaled from a width measured at the same B by a model of cost against tokens B * w
+    (piecewise linear through every measurement, extended by its end segments; with one
+    measurement t0 * (0.5 + 0.5 n / n0)), or read from that model alone. draft_cost(n)
+    (seconds per draft position with n rows drafting) the same way along n.
+
+    Exploration: while K = 0 wins, one row (the one the drafter lags least on) drafts one token
+    for two steps every `probe` steps (doubling, up to AUTO_PROBE_MAX, while the answer stays
+    0), so that the acceptance, the one-row draft cost and the width-2 forward keep being
+    measured without catching the drafter up on the whole batch (the first step catches that
+    row up, the second is measured); and a drafting batch takes one plain step at a row count
+    whose plain cost was never measured, or one more draft where that wider verify was never
+    measured at this row count (so the chosen K climbs while wider forwards cost less than the
+    line through the narrower ones said).
     """
 
     def __init__(self, num_draft_tokens: int | str, num_rows: int) -> None:
@@ -56,15 +69,26 @@ class DraftLengthPolicy:
         self.fixed = 4 if self.auto else int(num_draft_tokens)  # the fixed length, or the start
         self.accepted = torch.zeros(num_rows)  # [B] drafts kept so far
         self.rejections = torch.zeros(num_rows)  # [B] steps that rejected a draft
-        self.draft_cost: dict[int, float] = {}  # rows -> EMA seconds per draft position
-        self.target_cost: dict[tuple[int, int], float] = {}  # (rows, width) -> EMA seconds
+        self.lag = torch.zeros(num_rows, dtype=torch.float64)  # [B] tokens the drafter has not seen (not yet drafted)
+        self.pool = [0.0, 0.0]  # accepted, rejections pooled over every row (the latest)
+        self.draft_cost: dict[int, float] = {}  # drafting rows -> seconds per draft position
+        self.target_cost: dict[tuple[int, int], float] = {}  # (rows, width) -> seconds
+        self.catch_up_cost: float | None = None  # seconds per lagging token a draft catches up
         self.steps = 0  # choices made so far
         self.probe = AUTO_PROBE_EVERY  # steps between probes while K = 0 is chosen
         self._since_probe = 0  # K = 0 steps since the last probe
         self._observations: dict = {}  # "draft" / width -> measurements taken so far
         self._windows: dict = {}  # ("draft", rows) / (rows, width) -> recent measurements
         self._probing = 0  # drafting steps left in the current probe
-        self._drafted_last = True  # whether the previous step drafted (no catch-up pending)
+        # (rows drafting, their lag) of the step chosen last; None: not chosen here (trees)
+        self._chosen: tuple[int, float] | None = None
+
+    def alphas(self) -> torch.Tensor:  # [B] float64
+        """Each row's acceptance estimate, starting from the pooled one."""
+        pa, pr = self.pool
+        prior = (pa + 1) / (pa + pr + 2)
+        return ((self.accepted.double() + PRIOR_WEIGHT * prior)
+                / (self.accepted.double() + self.rejections.double() + PRIOR_WEIGHT))
 
     def choose(self, room: torch.Tensor | None = None,
                rows: int | None = None) -> torch.Tensor:  # [B] -> [B] long
@@ -75,35 +99,58 @@ class DraftLengthPolicy:
             if room is None else room.cpu().long().clamp(min=0)
         self.steps += 1
         if not self.auto or not self.draft_cost or not self.target_cost:
-            return torch.minimum(torch.full((b,), self.fixed, dtype=torch.long), room)
-        alpha = (self.accepted + 1) / (self.accepted + self.rejections + 2)  # [B]
+            return self._note(torch.minimum(torch.full((b,), self.fixed, dtype=torch.long), room))
+        alpha = self.alphas()  # [B]
         ks = torch.arange(0, AUTO_MAX_DRAFT + 1, dtype=torch.long)  # [Kc]
         per_row = torch.minimum(ks[None, :], room[:, None])  # [B, Kc] drafts row b can use
         width = per_row.amax(0) if b else ks  # [Kc] shared draft positions K'
-        d = self._draft_cost(rows)
-        cost = width.double() * d + torch.tensor(
-            [self._target_cost(rows, int(w) + 1) for w in width], dtype=torch.float64)  # [Kc]
-        tokens = expected_tokens(alpha[:, None].double(), per_row.double()).sum(0)  # [Kc]
+        drafting = (per_row > 0).sum(0)  # [Kc] rows that draft
+        cost = torch.tensor([w * self._draft_cost(int(n)) + self._target_cost(rows, w + 1)
+                             for w, n in zip(width.tolist(), drafting.tolist(), strict=True)],
+                            dtype=torch.float64)  # [Kc]
+        tokens = expected_tokens(alpha[:, None], per_row.double()).sum(0)  # [Kc]
+        if self.catch_up_cost is not None and b:  # catching the drafter up, spread out
+            lagging = ((per_row > 0).double() * self.lag.double()[:, None]).sum(0)  # [Kc]
+            horizon = (room.double().mean() * b / tokens).clamp(min=1.0)  # [Kc] steps
+            cost = cost + self.catch_up_cost * lagging / horizon
         k = int((tokens / cost).argmax())
         if k == 0 and self._probing:  # a probe's second step: the one whose cost counts
             self._probing -= 1
-            k = 1
-        elif k == 0:
+            return self._note(self._probe_row(room))
+        if k == 0:
             self._since_probe += 1
-            if self._since_probe >= self.probe:  # a probe: one draft, acceptance keeps up
+            if self._since_probe >= self.probe:  # a probe: one row drafts one token
                 self._since_probe = 0
                 self.probe = min(2 * self.probe, AUTO_PROBE_MAX)
                 self._probing = 1
-                k = 1
+                return self._note(self._probe_row(room))
         else:
             self.probe, self._since_probe, self._probing = AUTO_PROBE_EVERY, 0, 0
             near = any(w == 1 and abs(b - rows) <= rows // 4 for b, w in self.target_cost)
-            if not near and self.steps % AUTO_PROBE_EVERY == 0:
-                k = 0  # plain's cost at this many rows is still a guess: measure it once
-        return torch.minimum(torch.full((b,), k, dtype=torch.long), room)
+            if self.steps % AUTO_PROBE_EVERY == 0:
+                if not near:
+                    k = 0  # plain's cost at this many rows is still a guess: measure it once
+                elif k < AUTO_MAX_DRAFT and (rows, int(width[k + 1]) + 1) not in self.target_cost:
+                    k += 1  # the next wider verify is a guess here (a line through the measured
+                    # ones overestimates it on CPUs): measure it, then the costs decide
+        return self._note(torch.minimum(torch.full((b,), k, dtype=torch.long), room))
+
+    def _probe_row(self, room: torch.Tensor) -> torch.Tensor:  # [B] -> [B] long
+        """One draft token for the row with room the drafter lags least on; none elsewhere."""
+        want = torch.zeros_like(room)
+        able = (room > 0).nonzero().flatten()
+        if len(able):
+            want[able[int(self.lag[able].argmin())]] = 1
+        return want
+
+    def _note(self, want: torch.Tensor) -> torch.Tensor:  # [B] long
+        """Remember who drafts in the chosen step and how far behind the drafter is there."""
+        on = want > 0
+        self._chosen = (int(on.sum()), float(self.lag[on].sum()))
+        return want
 
     def _target_cost(self, rows: int, width: int) -> float:
-        # a (rows, width) already measured uses its own EMA: on CPUs the cost is far from
+        # a (rows, width) already measured uses its own estimate: on CPUs the cost is far from
         # linear (smollm2-135m, 1 thread, one row: 37, 47, 80, 104 ms at widths 1, 2, 5, 9),
         # and a line through all of them overestimates width 1, drafting where plain is faster
         if (rows, width) in self.target_cost:
@@ -119,6 +166,8 @@ class DraftLengthPolicy:
         return _along(model, n)
 
     def _draft_cost(self, rows: int) -> float:
+        if rows == 0:
+            return 0.0
         if rows in self.draft_cost:
             return self.draft_cost[rows]
         return _along(sorted(self.draft_cost.items()), rows)
@@ -126,8 +175,15 @@ class DraftLengthPolicy:
     def observe(self, drafted: torch.Tensor, accepted: torch.Tensor) -> None:
         """Per row: drafts proposed [B] and kept [B] in the last step."""
         drafted, accepted = drafted.cpu().double(), accepted.cpu().double()
+        rejected = ((accepted < drafted) & (drafted > 0)).double()
         self.accepted += accepted
-        self.rejections += ((accepted < drafted) & (drafted > 0)).double()
+        self.rejections += rejected
+        pa, pr = self.pool[0] + float(accepted.sum()), self.pool[1] + float(rejected.sum())
+        scale = min(1.0, POOL_MAX / max(pa + pr, 1.0))
+        self.pool = [pa * scale, pr * scale]
+        # a row that drafted is caught up (but for the routine last token or two); one that
+        # did not lags by the token it emitted
+        self.lag = torch.where(drafted > 0, torch.zeros_like(self.lag), self.lag + accepted + 1)
 
     def observe_costs(self, draft_seconds: float, num_draft: int, target_seconds: float,
                       width: int, rows: int = 1) -> None:
@@ -137,14 +193,21 @@ class DraftLengthPolicy:
         plain decoding for a whole answer). Two one-off costs are kept out: the first
         measurement of drafting and of each width is dropped (first calls pay for allocation
         and lazy set-up: a float32 target's first one-row step builds its one-row weight copy,
-        974 ms against 45 ms), and a drafting step right after a step without drafts or an
-        admission is not counted (the drafter then also catches up on every token it skipped,
-        or prefills the new rows); a probe therefore drafts two steps in a row."""
-        if num_draft > 0 and self._drafted_last:
-            cost = self._median(("draft", rows), draft_seconds / num_draft, "draft")
+        974 ms against 45 ms), and a drafting step whose rows the drafter lagged on (after
+        plain steps, or an admission) is a catch-up, not a draft cost: it measures the seconds
+        per caught-up token instead (what the draft positions would have cost taken out)."""
+        drafting, lag = self._chosen if self._chosen is not None else (rows, 0.0)
+        self._chosen = None
+        if num_draft > 0 and drafting > 0 and lag > 0:
+            if self.draft_cost:
+                extra = draft_seconds - num_draft * self._draft_cost(drafting)
+                cost = self._median("catch_up", max(extra, 0.0) / lag, "catch_up")
+                if cost is not None:
+                    self.catch_up_cost = cost
+        elif num_draft > 0 and drafting > 0:
+            cost = self._median(("draft", drafting), draft_seconds / num_draft, "draft")
             if cost is not None:
-                self.draft_cost[rows] = cost
-        self._drafted_last = num_draft > 0
+                self.draft_cost[drafting] = cost
         cost = self._median((rows, width), target_seconds, width)
         if cost is not None:
             self.target_cost[(rows, width)] = cost
@@ -160,16 +223,20 @@ class DraftLengthPolicy:
         window.append(value)
         return statistics.median(window)
 
-    def admit(self, num_rows: int) -> None:
-        """Append `num_rows` new rows with no observations yet."""
+    def admit(self, num_rows: int, prompt_lengths: list[int] | None = None) -> None:
+        """Append `num_rows` new rows with no observations yet; the drafter has not drafted
+        for them, so it lags by their prompts (`prompt_lengths`, default one token each)."""
         self.accepted = torch.cat([self.accepted, torch.zeros(num_rows)])
         self.rejections = torch.cat([self.rejections, torch.zeros(num_rows)])
-        self._drafted_last = False  # the next draft also prefills the new rows: not a cost
+        lags = torch.tensor(prompt_lengths, dtype=torch.float64) if prompt_lengths is not None \
+            else torch.ones(num_rows, dtype=torch.float64)
+        self.lag = torch.cat([self.lag, lags])
 
     def select(self, rows: torch.Tensor) -> None:
         rows = rows.cpu()
         self.accepted = self.accepted[rows]
         self.rejections = self.rejections[rows]
+        self.lag = self.lag[rows]
 
 
 def _mean_by_key(points) -> list[tuple[float, float]]:

@@ -10,6 +10,7 @@ import torch
 from exactspec.engine.policy import (
     AUTO_MAX_DRAFT,
     AUTO_PROBE_EVERY,
+    POOL_MAX,
     DraftLengthPolicy,
     expected_tokens,
 )
@@ -25,7 +26,7 @@ def _policy(accepted, rejections, draft_cost, target_costs):
     pol = DraftLengthPolicy("auto", len(accepted))
     pol.accepted = torch.tensor(accepted, dtype=torch.float64)
     pol.rejections = torch.tensor(rejections, dtype=torch.float64)
-    rows = len(accepted)
+    rows = max(len(accepted), 1)
     pol.draft_cost = {rows: draft_cost}  # measured at this many rows
     pol.target_cost = {(rows, w): t for w, t in target_costs.items()}
     return pol
@@ -133,28 +134,43 @@ def test_per_row_lengths_are_capped_by_each_rows_room_and_brute_force_optimal():
 
 
 def test_first_measurements_and_catch_up_steps_are_not_costs():
-    """A width's first forward (lazy set-up) and a draft right after a plain step (catch-up)
-    or an admission (the new rows' prefill) would each poison the estimates; none is counted.
-    An estimate is the median of the recent measurements: one slow step does not move it."""
-    pol = DraftLengthPolicy("auto", 1)
-    pol.observe_costs(0.090, 4, 0.500, 5)  # first draft and first width-5 forward: dropped
-    assert not pol.draft_cost and (1, 5) not in pol.target_cost
-    pol.observe_costs(0.048, 4, 0.070, 5)
+    """A width's first forward (lazy set-up) and a draft for rows the drafter lags on (after a
+    plain step, or an admission: their prompts) would each poison the draft cost; none is
+    counted (a catch-up measures the seconds per caught-up token instead). An estimate is the
+    median of the recent measurements: one slow step does not move it."""
+    pol = DraftLengthPolicy(4, 0)
+    pol.admit(1, [6])  # the drafter has not seen the prompt
+
+    def step(drafted, draft_s, target_s, width):
+        want = pol.choose()
+        assert want.tolist() == [4] * len(want)
+        d = torch.full((len(want),), drafted)
+        pol.observe(d, d)  # every draft kept
+        pol.observe_costs(draft_s, drafted, target_s, width, len(want))
+
+    step(4, 0.900, 0.500, 5)  # the prompt's catch-up (and the first width-5 forward: dropped)
+    assert not pol.draft_cost and pol.catch_up_cost is None and not pol.target_cost
+    step(4, 0.090, 0.070, 5)  # the first draft: dropped
+    assert not pol.draft_cost and pol.target_cost[(1, 5)] == 0.070
+    step(4, 0.048, 0.070, 5)
     assert pol.draft_cost[1] == 0.012 and pol.target_cost[(1, 5)] == 0.070
-    pol.observe_costs(0.0, 0, 1.900, 1)  # first width-1 forward: dropped
-    pol.observe_costs(0.0, 0, 0.045, 1)
-    assert pol.target_cost[(1, 1)] == 0.045
-    pol.observe_costs(0.400, 4, 0.070, 5)  # drafting after a plain step: catch-up, not counted
-    assert pol.draft_cost[1] == 0.012
-    pol.observe_costs(0.056, 4, 0.070, 5)
+    step(0, 0.0, 1.900, 1)  # plain steps (first width-1 forward dropped): the drafter lags
+    step(0, 0.0, 0.045, 1)
+    assert pol.target_cost[(1, 1)] == 0.045 and pol.lag.tolist() == [2]
+    step(4, 0.400, 0.070, 5)  # drafting after plain steps: catch-up, not a draft cost
+    assert pol.draft_cost[1] == 0.012 and pol.catch_up_cost is None  # (its first: dropped)
+    step(4, 0.056, 0.070, 5)
     assert pol.draft_cost[1] == pytest.approx(0.013)  # the median of 0.012 and 0.014
-    pol.admit(1)
-    pol.observe_costs(0.900, 4, 0.070, 5)  # the first draft after an admission: not counted
-    assert pol.draft_cost[1] == pytest.approx(0.013)
-    pol.observe_costs(2.000, 4, 0.070, 5)  # one very slow step (a busy machine): the median
+    pol.admit(1, [10])
+    step(4, 0.900, 0.070, 5)  # two rows draft, one lagging by its prompt: a catch-up
+    assert 2 not in pol.draft_cost
+    # (0.9 s - 4 positions at two rows, read from one row's 0.013 s) / 10 lagging tokens
+    assert pol.catch_up_cost == pytest.approx((0.900 - 4 * 0.013 * 1.5) / 10)
+    pol.select(torch.tensor([0]))
+    step(4, 2.000, 0.070, 5)  # one very slow step (a busy machine): the median
     assert pol.draft_cost[1] == pytest.approx(0.014)  # of 0.012, 0.014, 0.5
-    pol.observe_costs(0.048, 4, 0.070, 5)
-    pol.observe_costs(0.048, 4, 0.070, 5)
+    step(4, 0.048, 0.070, 5)
+    step(4, 0.048, 0.070, 5)
     assert pol.draft_cost[1] == pytest.approx(0.012)
 
 
@@ -188,3 +204,99 @@ def test_probes_back_off_while_plain_keeps_winning():
     assert all(chosen[i + 1] == 1 for i in starts)  # a probe drafts two steps: one is costed
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert gaps == sorted(gaps) and gaps[-1] >= 4 * AUTO_PROBE_EVERY
+
+
+def test_a_new_row_starts_from_the_acceptance_pooled_over_earlier_rows():
+    """One stream: each request is a new row. With an even guess (alpha 1/2) for it, drafting
+    does not pay at these costs (c = 0.3, w(5) = 1.5), so a fresh row decoded plain until its
+    own probes had shown otherwise; starting from what earlier rows accepted, it drafts at once."""
+    costs = {1: 0.040, 2: 0.052, 5: 0.060, 9: 0.080}
+    fresh = _policy([0], [0], draft_cost=0.012, target_costs=costs)
+    assert fresh.choose().tolist() == [0]
+    for pool, drafts in (([95.0, 5.0], True), ([10.0, 90.0], False)):  # earlier rows' counts
+        pol = _policy([], [], draft_cost=0.012, target_costs=costs)
+        pol.pool = pool
+        pol.admit(1)
+        chosen = pol.choose().tolist()
+        assert chosen[0] >= 4 if drafts else chosen == [0]
+
+
+def test_the_pool_follows_observations_and_forgets_old_ones():
+    pol = DraftLengthPolicy("auto", 2)
+    pol.observe(torch.tensor([4.0, 4.0]), torch.tensor([4.0, 1.0]))
+    assert pol.pool == [5.0, 1.0]
+    for _ in range(200):
+        pol.observe(torch.tensor([4.0, 4.0]), torch.tensor([0.0, 0.0]))
+    assert sum(pol.pool) <= POOL_MAX + 1e-9 and pol.pool[0] < 0.1 * pol.pool[1]
+
+
+def _loaded(rows=16):
+    """Many rows that accept nothing: plain wins; row 5 is the one the drafter lags least on."""
+    pol = _policy([0] * rows, [200] * rows, draft_cost=0.2,
+                  target_costs={1: 0.100, 2: 0.200})
+    pol.draft_cost = {rows: 0.2}
+    pol.lag = torch.full((rows,), 50.0, dtype=torch.float64)
+    pol.lag[5] = 3.0
+    return pol
+
+
+def test_a_probe_drafts_one_token_for_the_least_lagging_row_only():
+    pol = _loaded()
+    room = torch.full((16,), 30)
+    chosen = [pol.choose(room) for _ in range(AUTO_PROBE_EVERY)]
+    assert all(c.sum() == 0 for c in chosen[:-1])
+    one_hot = torch.zeros(16, dtype=torch.long)
+    one_hot[5] = 1
+    assert torch.equal(chosen[-1], one_hot)
+    pol.observe(chosen[-1], torch.zeros(16))  # row 5 caught up, the others lag one more
+    assert torch.equal(pol.choose(room), one_hot)  # the probe's second step: the same row
+    room[5] = 0  # a row without room is never probed
+    pol.lag[7] = 0.0
+    pol._since_probe, pol._probing = pol.probe, 0
+    assert pol.choose(room).nonzero().flatten().tolist() == [7]
+
+
+def test_a_probes_draft_cost_is_the_cost_of_the_rows_that_drafted():
+    """A probe drafts for one row of sixteen: its cost is one row's, kept apart from the
+    sixteen-row cost (filing it there made a full batch look as cheap to draft as one row)."""
+    pol = _loaded()
+    for _ in range(3 * AUTO_PROBE_EVERY + 4):
+        want = pol.choose()
+        pol.observe(want, torch.zeros(16))
+        pol.observe_costs(0.015 * int(want.max()), int(want.max()), 0.1 + 0.1 * int(want.max()),
+                          1 + int(want.max()), 16)
+    assert pol.draft_cost == {16: 0.2, 1: 0.015}
+
+
+def test_catching_a_lagging_batch_up_is_paid_before_drafting():
+    """Four rows accepting 90%: drafting pays per step (1.3x here), but the drafter has not
+    seen 400 tokens of each row (they decoded plain); catching them up costs more than the
+    drafting would gain over the rows' remaining 30 tokens, so the batch stays plain. With
+    the drafter caught up, the same batch drafts."""
+    pol = _policy([90] * 4, [10] * 4, draft_cost=0.010,
+                  target_costs={1: 0.050, 2: 0.060, 5: 0.080})
+    room = torch.full((4,), 30)
+    assert pol.choose(room).tolist()[0] > 0
+    pol.catch_up_cost = 0.001  # seconds per caught-up token (measured)
+    pol.lag = torch.full((4,), 400.0, dtype=torch.float64)
+    assert pol.choose(room).tolist() == [0] * 4
+    pol.lag.zero_()
+    assert pol.choose(room).tolist()[0] > 0
+
+
+def test_a_drafting_batch_measures_the_next_wider_verify_once():
+    """Widths are measured only when used, and the line through the narrower ones overstates
+    a wider one on CPUs (w(5) = 1.64, w(8) = 1.78 here): every AUTO_PROBE_EVERY steps a
+    drafting batch drafts one more token where that width was never measured; once measured,
+    the costs decide (kept if it was cheaper than the guess, dropped if not)."""
+    pol = _policy([95], [5], draft_cost=0.012, target_costs={1: 0.036, 5: 0.059})
+    best = pol.choose().tolist()[0]
+    assert 0 < best < AUTO_MAX_DRAFT - 1
+    pol.steps = AUTO_PROBE_EVERY - 1
+    assert pol.choose().tolist() == [best + 1]
+    guess = pol._target_cost(1, best + 2)
+    pol.target_cost[(1, best + 2)] = guess  # measured: as the line said
+    pol.steps = AUTO_PROBE_EVERY - 1
+    assert pol.choose().tolist() == [best]
+    pol.target_cost[(1, best + 2)] = pol._target_cost(1, best + 1)  # measured: no dearer
+    assert pol.choose().tolist()[0] >= best + 1
