@@ -6,7 +6,8 @@ plain greedy bit for bit, through `backend="llama.cpp"` and through "auto" (forc
 EXACTSPEC_QUANTIZED_BACKEND, and measured with a stand-in timer for both outcomes).
 Statistical: the engine's sequence-level chi-square at 1e-6 (helpers and sample size of
 tests/audit/test_engine_lossless.py, whose wrong-verify test shows the power of this test at
-that size) for the Q8_0 draft of a Qwen 2 and a Gemma 3 target (Mistral's export is llama.cpp's
+that size) for the Q8_0 draft of a Qwen 2 and a Gemma 3 target, and a wrong variant of the
+Gemma 3 one (drawing at T = 1, claiming q at T = 0.5) rejected by it (Mistral's export is llama.cpp's
 "llama", whose chi-square is tests/audit/test_engine_lossless.py's; Qwen 3 differs from Qwen 2 by
 its q / k norms, checked by the export's logits test). A model the export refuses
 (a window llama.cpp's architecture lacks) is refused by "llama.cpp" and drafted by torch under
@@ -22,12 +23,15 @@ import pytest
 from exactspec import SamplingParams
 from exactspec.audit import target_law
 from exactspec.audit.stats import chi_square
-from exactspec.audit.world import logits_table
+from exactspec.audit.world import _contexts, logits_table
 from exactspec.drafters import quantized_auto
-from exactspec.drafters.gguf_draft import llama_cpp_available
+from exactspec.drafters.gguf_draft import GgufDraft, llama_cpp_available
 from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.engine import generate
+from exactspec.models.gguf_export import export_gguf
 from tests.audit.test_engine_lossless import FILTERED, PROMPT, ROWS, K, N, V, _counts, _world
+from tests.drafters.test_quantized import _context, _info
+from tests.drafters.test_quantized_generic import _hot_drafter_is_caught
 from tests.models.architectures import tiny
 from tests.models.test_gguf_export import EXPORTED
 
@@ -114,3 +118,28 @@ def test_generate_matches_the_target(model_type):
     assert accepted > ROWS // 10  # drafts were really used, not only bonus tokens
     result = chi_square(counts, target_law(_world(models, FILTERED), N))
     assert result.dof > 30 and not result.rejected, result
+
+
+def llama_cpp_table(path, prompt, vocab: int, depth: int):
+    """`logits_table` of llama.cpp running `path`: its logits after prompt + every context
+    shorter than `depth` (each context one llama.cpp sequence)."""
+    rows = [list(prompt) + c.tolist() for n in range(depth) for c in _contexts(vocab, n)]
+    draft = GgufDraft(path)
+    try:
+        draft.begin(_context(rows, vocab), _info(vocab))
+        return draft._decode([(0, r) for r in rows]).double()  # [S, V]
+    finally:
+        draft._free()
+
+
+def test_a_wrong_llama_cpp_drafter_is_caught(tmp_path):
+    """The Gemma 3 target's Q8_0 llama.cpp draft drawing at T = 1 but claiming q at the
+    target's T = 0.5: its exact wrong law (from llama.cpp's own logits of the same export) has
+    power > 1 - 1e-6 at ROWS, the engine's draws are rejected against the target's law and
+    follow the wrong one (tests/drafters/test_quantized_generic's helper)."""
+    model = target("gemma3_text", vocab=V)
+    table = logits_table(lambda ids: model(ids).logits, PROMPT, V, N + K)
+    q_logits = llama_cpp_table(export_gguf(model, tmp_path / "q.gguf", "q8_0"), PROMPT, V,
+                               N + K)
+    _hot_drafter_is_caught((model, None, table, table), q_logits,
+                           QuantizedDraft(8, backend="llama.cpp"), seed=8)
