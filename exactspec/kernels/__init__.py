@@ -20,6 +20,8 @@ from exactspec.kernels.ops import (
     enabled,
     gelu_tanh_mul,
     linear,
+    linear_w8a16,
+    pack_int8,
     rms_norm,
     rope_,
     set_isa,
@@ -27,4 +29,4 @@ from exactspec.kernels.ops import (
 )
 
 __all__ = ["attention", "available_isas", "current_isa", "enabled", "gelu_tanh_mul", "linear",
-           "rms_norm", "rope_", "set_isa", "silu_mul"]
+           "linear_w8a16", "pack_int8", "rms_norm", "rope_", "set_isa", "silu_mul"]

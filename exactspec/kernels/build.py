@@ -27,7 +27,8 @@ CSRC = Path(__file__).parent / "csrc"
 COMMON = ["-O3", "-std=c++17", "-fPIC", "-ffp-contract=off", "-fno-math-errno",
           "-fno-trapping-math"]
 ISA_FLAGS = {  # unit -> its instruction-set flags
-    "avx512": ["-mavx512f", "-mavx2", "-mfma"],
+    "avx512vnni": ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mavx2", "-mfma"],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma"],
     "avx2": ["-mavx2", "-mfma"],
     "portable": [],
 }

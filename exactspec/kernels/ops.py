@@ -61,6 +61,10 @@ def _register_fakes() -> None:
     def _linear(x, weights, scales=None, residual=None):
         return x.new_empty(x.shape[0], sum(w.shape[0] for w in weights))
 
+    @register(lib + "linear_w8a16")
+    def _linear_w8a16(x, w, scales, residual=None):
+        return x.new_empty(x.shape[0], scales.shape[0])
+
     @register(lib + "rms_norm")
     def _rms_norm(x, weight, eps):
         return torch.empty_like(x)
@@ -85,6 +89,27 @@ def linear(x: torch.Tensor, weights: list[torch.Tensor],  # [M, K] -> [M, sum N_
     float32, per output column) if given, plus `residual` ([M, N]) if given (the same bits as
     adding it afterwards); one call for fused q/k/v or gate/up parts."""
     return torch.ops.exactspec.linear(x, weights, scales, residual)
+
+
+def pack_int8(w: torch.Tensor) -> torch.Tensor:  # [N, K] int8 -> [ceil(N / 4), Kp / 32, 4, 32]
+    """int8 weights in the layout `linear_w8a16` reads: groups of 4 rows, K zero-padded to Kp (a
+    multiple of 32), each group's [4][32] blocks in input order, so a group is one stream."""
+    n, k = w.shape
+    n4, kp = -(-n // 4) * 4, -(-k // 32) * 32
+    padded = torch.zeros(n4, kp, dtype=torch.int8)
+    padded[:n, :k] = w
+    return padded.view(n4 // 4, 4, kp // 32, 32).permute(0, 2, 1, 3).contiguous()
+
+
+def linear_w8a16(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,  # -> [M, N] float32
+                 residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ (scales * W)^T for int8 W [N, K] packed by `pack_int8` (w), with each row of x [M, K] rounded to int16
+    (x_q = round(x * 32767 / amax(|row|)), clamped to +-32767): the sum of x_q * w is exact
+    (integers), so every output is one rounding of it, (float(sum) * amax / 32767) * scales[n],
+    identical on every ISA and whatever the other rows; plus `residual` ([M, N]) if given.
+    The int8 self-draft's product (Matrix.kernel): per 32 weights one widening load and one
+    multiply-add against the float path's two conversions and two FMAs."""
+    return torch.ops.exactspec.linear_w8a16(x, w, scales, residual)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [M, H]
@@ -112,7 +137,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # -> [B, T, h,
 
 
 def set_isa(name: str) -> str:
-    """Force an instruction set ("avx512", "avx2", "portable", or "auto"); returns the one used."""
+    """Force an instruction set ("avx512vnni", "avx512", "avx2", "portable", or "auto"); returns the one used."""
     return torch.ops.exactspec.set_isa(name)
 
 

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from exactspec.errors import InvalidValue
 from exactspec.kernels import linear as kernel_linear
+from exactspec.kernels import linear_w8a16, pack_int8
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,8 @@ class Matrix:
     packed: bool = True  # use the packed kernel (False: the dequantized reference, measured)
     ref_weight: torch.Tensor | None = None  # [out, in] float32 dequantized, when not packed
     kernel_scales: torch.Tensor | None = None  # int8 for our kernels: [out] float32 (= scales)
+    kernel_qweight: torch.Tensor | None = None  # int8 for our kernels: qweight packed by
+    # kernels.pack_int8 (groups of 4 rows, one stream each), for linear_w8a16
 
     def __call__(self, x: torch.Tensor,  # [..., in] -> [..., out], x's dtype
                  one_row_copy: bool = True) -> torch.Tensor:
@@ -116,6 +119,10 @@ class Matrix:
             return kernel_linear(x, self.parts, None, residual)
         if self.fmt == "bfloat16" and self.packed:
             return kernel_linear(x, [self.weight], None, residual)
+        if self.fmt == "int8" and self.kernel_qweight is not None:
+            # int16 activations, exact integer sums (kernels.linear_w8a16): 2-2.5x the float
+            # activation product's speed at one row (the int8 self-draft's step)
+            return linear_w8a16(x, self.kernel_qweight, self.kernel_scales, residual)
         if self.fmt == "int8" and self.qweight is not None and self.kernel_scales is not None:
             return kernel_linear(x, [self.qweight], self.kernel_scales, residual)
         if self.ref_weight is not None:
@@ -182,6 +189,7 @@ def make_matrix(weight: torch.Tensor, fmt: str, *, group_size: int = 32,
         m = Matrix("int8", out_f, in_f, qweight=q.contiguous(), scales=s.to(torch.bfloat16))
         if for_kernels:  # the same scales (bf16-rounded) as the packed kernel and the reference
             m.kernel_scales = m.scales.float()
+            m.kernel_qweight = pack_int8(m.qweight)
             return m
     else:  # the int4 pack is a CPU layout: quantized there, moved back below if not packed
         q, sz = quantize_int4(w.float().cpu(), group_size)

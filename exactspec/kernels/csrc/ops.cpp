@@ -6,6 +6,8 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -17,14 +19,16 @@ namespace {
 
 bool cpu_has(const std::string& name) {
   __builtin_cpu_init();
+  if (name == "avx512vnni") return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
   if (name == "avx512")
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-           __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (name == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return name == "portable";
 }
 
 const Isa* by_name(const std::string& name) {
+  if (name == "avx512vnni") return &avx512vnni::isa;
   if (name == "avx512") return &avx512::isa;
   if (name == "avx2") return &avx2::isa;
   if (name == "portable") return &portable::isa;
@@ -32,7 +36,7 @@ const Isa* by_name(const std::string& name) {
 }
 
 const Isa* best() {
-  for (const char* n : {"avx512", "avx2"})
+  for (const char* n : {"avx512vnni", "avx512", "avx2"})
     if (cpu_has(n)) return by_name(n);
   return &portable::isa;
 }
@@ -53,7 +57,8 @@ std::string set_isa(const std::string& name) {
   if (name.empty() || name == "auto") {
     g_isa.store(best());
   } else {
-    TORCH_CHECK(by_name(name), "unknown ISA '", name, "': use avx512, avx2, portable or auto");
+    TORCH_CHECK(by_name(name), "unknown ISA '", name,
+                "': use avx512vnni, avx512, avx2, portable or auto");
     TORCH_CHECK(cpu_has(name), "this CPU cannot run the ", name, " kernels");
     g_isa.store(by_name(name));
   }
@@ -64,7 +69,7 @@ std::string current_isa() { return isa().name; }
 
 std::vector<std::string> available_isas() {
   std::vector<std::string> out;
-  for (const char* n : {"avx512", "avx2", "portable"})
+  for (const char* n : {"avx512vnni", "avx512", "avx2", "portable"})
     if (cpu_has(n)) out.push_back(n);
   return out;
 }
@@ -140,6 +145,75 @@ at::Tensor linear(const at::Tensor& x_, at::TensorList weights,
   const int64_t n = static_cast<int64_t>(tasks.size());
   if (M * N * K >= kParallelWork && n > 1) at::parallel_for(0, n, 1, run);
   else run(0, n);
+  return y;
+}
+
+// x [M, K] float32, w int8 packed by kernels.pack_int8 ([ceil(N / 4), Kp / 32, 4, 32], Kp = K
+// rounded up to 32), scales [N] float32: each row of x quantized to int16 (x_q = round(x *
+// (32767 / amax)), clamped, sx = amax / 32767, per row), then y = (float(sum_k x_q w) * sx) *
+// scales[n] with the sum exact (impl_w8a16.h), (+ residual)
+at::Tensor linear_w8a16(const at::Tensor& x_, const at::Tensor& w, const at::Tensor& scales,
+                        const c10::optional<at::Tensor>& residual_) {
+  check_f32_rows(x_, "x", 2);
+  const at::Tensor x = x_.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), Kp = (K + 31) / 32 * 32;
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.dim() == 1 && scales.is_contiguous(),
+              "scales must be a contiguous float32 [N] tensor");
+  const int64_t N = scales.size(0), groups = (N + 3) / 4;
+  TORCH_CHECK(w.dim() == 4 && w.size(0) == groups && w.size(1) * 32 == Kp && w.size(2) == 4 &&
+                  w.size(3) == 32 && w.is_contiguous() && w.device().is_cpu() &&
+                  w.scalar_type() == at::kChar,
+              "w must be int8 packed by kernels.pack_int8: [", groups, ", ", Kp / 32,
+              ", 4, 32], got ", w.scalar_type(), " ", w.sizes());
+  at::Tensor residual;
+  if (residual_.has_value()) {
+    residual = residual_->contiguous();
+    check_f32_rows(residual, "residual", 2);
+    TORCH_CHECK(residual.size(0) == M && residual.size(1) == N, "residual must be [", M, ", ",
+                N, "], got ", residual.sizes());
+  }
+  at::Tensor xq = at::zeros({M, Kp}, x.options().dtype(at::kShort));
+  at::Tensor sx = at::empty({M}, x.options());
+  const float* xp = x.data_ptr<float>();
+  int16_t* qp = xq.data_ptr<int16_t>();
+  float* sp = sx.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {  // per row: depends on that row only
+    float amax = 0.0f;
+    for (int64_t k = 0; k < K; ++k) {
+      const float a = std::fabs(xp[m * K + k]);
+      amax = (a > amax || a != a) ? a : amax;  // NaN propagates
+    }
+    if (!(amax > 0.0f) || !std::isfinite(amax)) {  // zeros; NaN or inf: NaN outputs
+      sp[m] = amax == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    const float inv = 32767.0f / amax;
+    for (int64_t k = 0; k < K; ++k) {
+      float q = std::nearbyint(xp[m * K + k] * inv);
+      q = q > 32767.0f ? 32767.0f : (q < -32767.0f ? -32767.0f : q);
+      qp[m * Kp + k] = static_cast<int16_t>(q);
+    }
+    sp[m] = amax / 32767.0f;
+  }
+  at::Tensor y = at::empty({M, N}, x.options());
+  const float* rp = residual.defined() ? residual.data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const float* scp = scales.data_ptr<float>();
+  const Isa& k = isa();
+  const int64_t kGroups = 16;  // groups of 4 weight rows per task
+  const int64_t tasks = (groups + kGroups - 1) / kGroups;
+  auto run = [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t g0 = t * kGroups, g1 = std::min(g0 + kGroups, groups);
+      k.linear_w8a16(qp, Kp, M, Kp, wp, sp, scp, yp, N, N, g0, g1);
+      if (rp)
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t c = 4 * g0; c < std::min(4 * g1, N); ++c) yp[m * N + c] += rp[m * N + c];
+    }
+  };
+  if (M * N * K >= kParallelWork && tasks > 1) at::parallel_for(0, tasks, 1, run);
+  else run(0, tasks);
   return y;
 }
 
@@ -249,6 +323,7 @@ const Isa& current_unit() { return isa(); }
 
 TORCH_LIBRARY(exactspec, m) {
   m.def("linear(Tensor x, Tensor[] weights, Tensor? scales=None, Tensor? residual=None) -> Tensor");
+  m.def("linear_w8a16(Tensor x, Tensor w, Tensor scales, Tensor? residual=None) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin, int heads) -> ()");
@@ -260,6 +335,7 @@ TORCH_LIBRARY(exactspec, m) {
 
 TORCH_LIBRARY_IMPL(exactspec, CPU, m) {
   m.impl("linear", linear);
+  m.impl("linear_w8a16", linear_w8a16);
   m.impl("rms_norm", rms_norm);
   m.impl("silu_mul", silu_mul);
   m.impl("rope_", rope_);

@@ -50,3 +50,28 @@ static inline float vhsum(V x) {
 #define ES_ROWS_NR1 1  // rows of x up to which tiles of ES_NR1 are used
 #define ES_NR1 4  // columns of W per tile for one row of x
 #define ES_NR 4
+
+// ---- 16 int32 lanes for the int8-weight x int16-activation product (impl_w8a16.h) ----
+struct VI { __m256i a, b; };
+struct XI { __m256i a, b; };  // 32 int16 values
+static inline VI vi_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+static inline XI vi_w32(const int8_t* w) {
+  return {_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))),
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)))};
+}
+static inline XI vi_x32(const int16_t* x) {
+  return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16))};
+}
+static inline VI vi_dot(VI acc, XI x, XI w) {
+  return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(x.a, w.a)),
+          _mm256_add_epi32(acc.b, _mm256_madd_epi16(x.b, w.b))};
+}
+static inline int64_t vi_sum(VI a) {  // exact: widened to int64 before adding
+  int32_t l[16];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(l), a.a);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(l + 8), a.b);
+  int64_t s = 0;
+  for (int i = 0; i < 16; ++i) s += l[i];
+  return s;
+}

@@ -45,3 +45,25 @@ static inline float vhsum(V a) {
 #define ES_ROWS_NR1 2  // rows of x up to which tiles of ES_NR1 are used
 #define ES_NR1 16  // columns of W per tile for one row of x
 #define ES_NR 4  // columns of W per register tile
+
+// ---- 16 int32 lanes for the int8-weight x int16-activation product (impl_w8a16.h) ----
+struct VI { __m512i v; };
+static inline VI vi_zero() { return {_mm512_setzero_si512()}; }
+// lane i += x[2i] w[2i] + x[2i+1] w[2i+1] over 32 int16 activations and 32 int8 weights
+static inline __m512i vi_w32(const int8_t* w) {
+  return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+}
+static inline __m512i vi_x32(const int16_t* x) { return _mm512_loadu_si512(x); }
+static inline VI vi_dot(VI acc, __m512i x, __m512i w) {
+#ifdef ES_VNNI
+  return {_mm512_dpwssd_epi32(acc.v, x, w)};
+#else
+  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(x, w))};
+#endif
+}
+static inline int64_t vi_sum(VI a) {  // exact: widened to int64 before adding
+  __m512i lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(a.v));
+  __m512i hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(a.v, 1));
+  return _mm512_reduce_add_epi64(_mm512_add_epi64(lo, hi));
+}
+typedef __m512i XI;  // 32 int16 activations / weights widened to int16

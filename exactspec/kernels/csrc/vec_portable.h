@@ -47,3 +47,16 @@ static inline float vhsum(V a) {
 #define ES_ROWS_NR1 1  // rows of x up to which tiles of ES_NR1 are used
 #define ES_NR1 8  // columns of W per tile for one row of x
 #define ES_NR 4
+
+// ---- 16 int32 lanes for the int8-weight x int16-activation product (impl_w8a16.h) ----
+struct VI { int32_t l[16]; };
+struct XI { int16_t l[32]; };
+static inline VI vi_zero() { VI r; for (int i = 0; i < 16; ++i) r.l[i] = 0; return r; }
+static inline XI vi_w32(const int8_t* w) { XI r; for (int i = 0; i < 32; ++i) r.l[i] = w[i]; return r; }
+static inline XI vi_x32(const int16_t* x) { XI r; for (int i = 0; i < 32; ++i) r.l[i] = x[i]; return r; }
+static inline VI vi_dot(VI acc, XI x, XI w) {
+  for (int i = 0; i < 16; ++i)
+    acc.l[i] += x.l[2 * i] * w.l[2 * i] + x.l[2 * i + 1] * w.l[2 * i + 1];
+  return acc;
+}
+static inline int64_t vi_sum(VI a) { int64_t s = 0; for (int i = 0; i < 16; ++i) s += a.l[i]; return s; }
