@@ -2,13 +2,14 @@
 
 `streams` clients each send `requests` chat requests one after another (the bench-serve load:
 a finished row's client sends its next request, admitted before the next step), through the
-engine's one boundary (`Decoder.admit / step / drop`), plain and speculative in one run, the
-two interleaved request by request... no: run by run, alternating, `--rounds` times. Reports
-per server: tokens/s, steps, mean acceptance length, and seconds in each component (target
-prefill on admission, drafter admission, draft propose, target forward, verify + rest, policy
-choice), measured by wrapping those calls with perf_counter accumulators.
+engine's one boundary (`Decoder.admit / step / drop`). One plain and one speculative engine,
+each kept across the loads as a server keeps its engine (and its draft-length policy), take
+turns at every load. Per run: tokens/s, steps, tokens gained per row-step, the policy's
+pooled acceptance and costs, and seconds in each part (target prefill, target forward, draft
+propose, llama.cpp decode and the tokens fed to it, drafter admission and begin, the policy's
+choice), by wrapping those calls with perf_counter accumulators.
 
-    python scripts/serve_profile.py --streams 16 --requests 2 --max-tokens 64 --threads 2
+    python scripts/serve_profile.py --streams 1,4,16 --requests 2 --max-tokens 64 --threads 2
 
 Rough figures for decisions only: other processes share the cores.
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import statistics
+import time
 
 import torch
 
@@ -35,7 +36,9 @@ class DraftLengthPolicy:
     even guess that kept one-stream serving plain for most of each answer. Row b's room r_b
     caps its drafts (its token budget and the context). The B rows share one forward, padded
     to the widest row, and one drafting pass of as many positions, so a step costs
-    c(K) = K' * draft_cost(B) + target_cost(B, K' + 1) with K' = max_b min(K, r_b), whatever
+    c(K) = K' * draft_cost(B) + target_cost(B, K' + 1) + o with K' = max_b min(K, r_b) and o
+    the step's time outside both (verification, sampling, the caller's loop: the time between
+    two choices less the measured parts, which plain decoding pays per token), whatever
     each row drafts below K'. Given that shared width a row's extra drafts are free and only
     add expected tokens, so row b drafts k_b = min(K, r_b), and K in 0..AUTO_MAX_DRAFT
     maximises the batch's tokens per second, sum_b expected_tokens(alpha_b, min(K, r_b)) /
@@ -82,6 +85,8 @@ class DraftLengthPolicy:
         self._probing = 0  # drafting steps left in the current probe
         # (rows drafting, their lag) of the step chosen last; None: not chosen here (trees)
         self._chosen: tuple[int, float] | None = None
+        self.overhead = 0.0  # seconds a step spends outside the draft and the target forward
+        self._last = None  # (perf_counter at the last choice, its step's draft + target seconds)
 
     def alphas(self) -> torch.Tensor:  # [B] float64
         """Each row's acceptance estimate, starting from the pooled one."""
@@ -98,6 +103,7 @@ class DraftLengthPolicy:
         room = torch.full((b,), AUTO_MAX_DRAFT if self.auto else self.fixed, dtype=torch.long) \
             if room is None else room.cpu().long().clamp(min=0)
         self.steps += 1
+        self._time_overhead()
         if not self.auto or not self.draft_cost or not self.target_cost:
             return self._note(torch.minimum(torch.full((b,), self.fixed, dtype=torch.long), room))
         alpha = self.alphas()  # [B]
@@ -106,6 +112,7 @@ class DraftLengthPolicy:
         width = per_row.amax(0) if b else ks  # [Kc] shared draft positions K'
         drafting = (per_row > 0).sum(0)  # [Kc] rows that draft
         cost = torch.tensor([w * self._draft_cost(int(n)) + self._target_cost(rows, w + 1)
+                             + self.overhead
                              for w, n in zip(width.tolist(), drafting.tolist(), strict=True)],
                             dtype=torch.float64)  # [Kc]
         tokens = expected_tokens(alpha[:, None], per_row.double()).sum(0)  # [Kc]
@@ -134,6 +141,18 @@ class DraftLengthPolicy:
                     k += 1  # the next wider verify is a guess here (a line through the measured
                     # ones overestimates it on CPUs): measure it, then the costs decide
         return self._note(torch.minimum(torch.full((b,), k, dtype=torch.long), room))
+
+    def _time_overhead(self) -> None:
+        """The step's time outside drafting and the target forward (verification, sampling,
+        bookkeeping, the caller's loop): between two choices, less the measured parts. Every
+        step pays it once, so drafting, which takes fewer steps, saves it too."""
+        now = time.perf_counter()
+        if self._last is not None and self._last[1] is not None:
+            cost = self._median("overhead", max(now - self._last[0] - self._last[1], 0.0),
+                                "overhead")
+            if cost is not None:
+                self.overhead = cost
+        self._last = (now, None)
 
     def _probe_row(self, room: torch.Tensor) -> torch.Tensor:  # [B] -> [B] long
         """One draft token for the row with room the drafter lags least on; none elsewhere."""
@@ -198,6 +217,8 @@ class DraftLengthPolicy:
         per caught-up token instead (what the draft positions would have cost taken out)."""
         drafting, lag = self._chosen if self._chosen is not None else (rows, 0.0)
         self._chosen = None
+        if self._last is not None:
+            self._last = (self._last[0], draft_seconds + target_seconds)
         if num_draft > 0 and drafting > 0 and lag > 0:
             if self.draft_cost:
                 extra = draft_seconds - num_draft * self._draft_cost(drafting)

@@ -300,3 +300,22 @@ def test_a_drafting_batch_measures_the_next_wider_verify_once():
     assert pol.choose().tolist() == [best]
     pol.target_cost[(1, best + 2)] = pol._target_cost(1, best + 1)  # measured: no dearer
     assert pol.choose().tolist()[0] >= best + 1
+
+
+def test_the_steps_overhead_is_measured_between_choices_and_favours_fewer_steps(monkeypatch):
+    """Verification, sampling and the server's loop cost every step the same: plain decoding
+    pays them per token, drafting per step. Measured on a stand-in clock: the time between two
+    choices less the step's draft and target seconds (median; the first measurement dropped)."""
+    import exactspec.engine.policy as policy_module
+
+    now = [100.0]
+    monkeypatch.setattr(policy_module.time, "perf_counter", lambda: now[0])
+    # alpha 0.6 at c = 0.5: without overhead plain wins, by little
+    pol = _policy([60], [40], draft_cost=0.020, target_costs={1: 0.040, 2: 0.044, 3: 0.048})
+    assert pol.choose().tolist() == [0]
+    for _ in range(3):  # steps of 40 ms in the target and 30 ms elsewhere
+        pol.observe_costs(0.0, 0, 0.040, 1)
+        now[0] += 0.070
+        pol.choose()
+    assert pol.overhead == pytest.approx(0.030)
+    assert pol.choose().tolist()[0] > 0
