@@ -45,10 +45,10 @@ def other_vocab_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def gemma_dir(tmp_path_factory) -> str:
     """A tiny Gemma 3 (not a Llama architecture) with the character tokenizer."""
-    from tests.drafters.test_quantized_generic import tiny_gemma
+    from tests.models.architectures import tiny
 
     path = tmp_path_factory.mktemp("tiny-gemma")
-    tiny_gemma(0, vocab=VOCAB).save_pretrained(path)
+    tiny("gemma3_text", 0, vocab=VOCAB).save_pretrained(path)
     char_tokenizer().save_pretrained(path)
     return str(path)
 
@@ -155,11 +155,15 @@ def test_cross_vocab_draft_reaches_serve_and_batch(model_dir, monkeypatch):
 # --- labels and warnings say what happened, once -------------------------------------------
 
 def test_quantized_draft_label_names_the_backend_that_ran(gemma_dir, capsys, monkeypatch):
-    """A non-Llama target drafts on torch even where llama.cpp is installed: the label says
-    torch (it said llama.cpp for gemma3 while torch ran)."""
-    from exactspec.drafters import quantized
+    """Where auto's measurement picks torch for a target llama.cpp could also run, the label
+    says torch: it is read after decoding (before `begin` the auto backend reads llama.cpp; the
+    label once said llama.cpp for gemma3 while torch ran)."""
+    from exactspec.drafters import quantized, quantized_auto
 
     monkeypatch.setattr(quantized, "llama_cpp_available", lambda: True)  # as where it is built
+    monkeypatch.setattr(quantized_auto, "pick", lambda *a, **k: "torch")  # torch measured faster
+    monkeypatch.delenv("EXACTSPEC_QUANTIZED_BACKEND", raising=False)
+    assert quantized.QuantizedDraft(8).backend == "llama.cpp"  # what a label read early says
     argv = ["generate", "hi", "--model", gemma_dir, "--quantized-draft", "8",
             "--temperature", "0", *GEN]
     assert main(argv) == 0
