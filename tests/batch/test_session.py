@@ -19,6 +19,7 @@ from exactspec.audit.samplers import sequence_ids
 from exactspec.audit.stats import bincount, chi_square
 from exactspec.audit.world import logits_table, model_world
 from exactspec.drafters import DraftModel, QuantizedDraft
+from exactspec.drafters.gguf_draft import llama_cpp_available
 from exactspec.engine.session import Engine
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.sampling import SamplingParams, probs_from_logits
@@ -81,15 +82,20 @@ def test_a_draft_built_on_the_target_follows_the_update():
     assert sum(g.stats.accepted for g in gens) < sum(g.stats.drafted for g in gens)
 
 
-def test_the_quantized_self_draft_is_rebuilt_from_the_new_weights():
+@pytest.mark.parametrize("backend", [
+    "torch", pytest.param("llama.cpp", marks=pytest.mark.skipif(
+        not llama_cpp_available(), reason="llama-cpp-python is not installed"))])
+def test_the_quantized_self_draft_is_rebuilt_from_the_new_weights(backend):
     """After an update, the engine draws exactly what a fresh engine on the new weights draws
-    (same seed), and its int8 draft agrees with the new target as well as a fresh one does."""
-    engine = Engine(policy(0), QuantizedDraft(8), PARAMS, max_new_tokens=N + K,
-                    num_draft_tokens=K)
+    (same seed), and its int8 draft agrees with the new target as well as a fresh one does.
+    Each backend named: "auto" measures each new target, so the fresh engine could time the
+    other backend faster and draft other numbers (same law, other tokens)."""
+    engine = Engine(policy(0), QuantizedDraft(8, backend=backend), PARAMS,
+                    max_new_tokens=N + K, num_draft_tokens=K)
     engine.generate([PROMPT], n=100, params=replace(PARAMS, seed=3))  # builds the int8 copy
     engine.update_weights(policy(1).state_dict())
     got = engine.generate([PROMPT], n=200, params=replace(PARAMS, seed=4))[0]
-    fresh = Engine(policy(1), QuantizedDraft(8), PARAMS, max_new_tokens=N + K,
+    fresh = Engine(policy(1), QuantizedDraft(8, backend=backend), PARAMS, max_new_tokens=N + K,
                    num_draft_tokens=K).generate([PROMPT], n=200, params=replace(PARAMS, seed=4))[0]
     assert [g.token_ids for g in got] == [g.token_ids for g in fresh]
     assert [g.stats.accepted for g in got] == [g.stats.accepted for g in fresh]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -39,5 +40,8 @@ def exactspec_process(*args: str, **kw) -> subprocess.Popen:
     """`python -m exactspec.cli ARGS` from the repository, one torch thread, pipes for output."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("EXACTSPEC_PROGRESS", None)
+    # SIGINT as a terminal gives it: a harness started in the background (a non-interactive
+    # shell's `&`) passes it on ignored, and Python then installs no KeyboardInterrupt handler
+    kw.setdefault("preexec_fn", lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     return subprocess.Popen([sys.executable, "-m", "exactspec.cli", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
