@@ -170,11 +170,12 @@ def test_logits_match_transformers_past_the_window(name, path):
         assert err > bound, (name, wrong, err, bound)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_kernels_give_a_position_the_same_bits_at_any_width_and_batch(name):
+def test_kernels_give_a_position_the_same_bits_at_any_width_and_batch(name, dtype):
     if not kernels.enabled():
         pytest.skip("the exactspec kernels are not built here")
-    model = model_of(name, seed=2, vocab=40)
+    model = model_of(name, seed=2, vocab=40).to(dtype)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (9, 3, 1, 12)]
     feed = torch.randint(0, 40, (4, 5), generator=g)
@@ -224,6 +225,24 @@ def test_int8_self_draft_greedy_equals_plain(name):
     spec = generate(model, GREEDY_PROMPTS, drafter=drafter, params=greedy, max_new_tokens=20,
                     num_draft_tokens=3)
     assert drafter.forward is not None and drafter.forward.fmt == "int8"  # the lean forward
+    assert [g.token_ids for g in spec] == [g.token_ids for g in plain]
+    assert sum(g.stats.accepted for g in spec) > 0
+
+
+@pytest.mark.parametrize("dtype,bits", [(torch.bfloat16, 8), (torch.float32, 4)],
+                         ids=["bfloat16 target, int8 draft", "float32 target, int4 draft"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_other_formats_greedy_equals_plain(name, dtype, bits):
+    """A bfloat16 target (the lean forward on bf16 weights) and the int4 self-draft, on every
+    architecture of the table: greedy speculative decoding emits plain's tokens."""
+    model = model_of(name, vocab=16, head_scale=3.0).to(dtype)
+    assert lean_forward_for(model) is not None  # the lean path, in this dtype
+    greedy = SamplingParams(temperature=0)
+    plain = generate(model, GREEDY_PROMPTS, params=greedy, max_new_tokens=20)
+    drafter = QuantizedDraft(bits, backend="torch")
+    spec = generate(model, GREEDY_PROMPTS, drafter=drafter, params=greedy, max_new_tokens=20,
+                    num_draft_tokens=3)
+    assert drafter.forward is not None and drafter.forward.fmt == {8: "int8", 4: "int4"}[bits]
     assert [g.token_ids for g in spec] == [g.token_ids for g in plain]
     assert sum(g.stats.accepted for g in spec) > 0
 
