@@ -157,9 +157,9 @@ static void rms_norm(const float* x, const float* w, float eps, int64_t H, float
   }
 }
 
-// ---- silu(gate) * up, elementwise ----
-static void silu_mul(const float* g, int64_t I, float* y, int64_t m0, int64_t m1) {
-  const V one = vset1(1.0f), zero = vzero();
+// ---- act(gate) * up, elementwise, for g = [gate | up] rows; act maps 16 lanes to 16 ----
+template <class Act>
+static void gated(const float* g, int64_t I, float* y, int64_t m0, int64_t m1, Act act) {
   for (int64_t m = m0; m < m1; ++m) {
     const float* gate = g + m * 2 * I;
     const float* up = gate + I;
@@ -168,12 +168,17 @@ static void silu_mul(const float* g, int64_t I, float* y, int64_t m0, int64_t m1
       const int64_t r = I - i < 16 ? I - i : 16;
       V gv = r == 16 ? vload(gate + i) : loadx_tail(gate + i, r);
       V uv = r == 16 ? vload(up + i) : loadx_tail(up + i, r);
-      V s = vdiv(gv, vadd(one, vexp(vsub(zero, gv))));
       float out[16];
-      vstore(out, vmul(s, uv));
+      vstore(out, vmul(act(gv), uv));
       for (int64_t j = 0; j < r; ++j) yr[i + j] = out[j];
     }
   }
+}
+
+// ---- silu(gate) * up ----
+static void silu_mul(const float* g, int64_t I, float* y, int64_t m0, int64_t m1) {
+  const V one = vset1(1.0f), zero = vzero();
+  gated(g, I, y, m0, m1, [&](V x) { return vdiv(x, vadd(one, vexp(vsub(zero, x)))); });
 }
 
 // ---- RoPE (rotate-half), in place: x*cos + rotate_half(x)*sin, each product rounded ----

@@ -83,6 +83,16 @@ void check_f32_rows(const at::Tensor& t, const char* what, int64_t dim) {
   TORCH_CHECK(t.dim() == dim, what, " must have ", dim, " dims, got ", t.sizes());
 }
 
+// the optional residual of a product [M, N], checked and contiguous (undefined when absent)
+at::Tensor residual_of(const c10::optional<at::Tensor>& r, int64_t M, int64_t N) {
+  if (!r.has_value()) return at::Tensor();
+  at::Tensor residual = r->contiguous();
+  check_f32_rows(residual, "residual", 2);
+  TORCH_CHECK(residual.size(0) == M && residual.size(1) == N, "residual must be [", M, ", ", N,
+              "], got ", residual.sizes());
+  return residual;
+}
+
 struct Task {
   const void* w;       // the weight part
   int wt;              // its WeightType
@@ -122,13 +132,7 @@ at::Tensor linear(const at::Tensor& x_, at::TensorList weights,
     for (Task& t : tasks) t.scale = s.data_ptr<float>() + t.col;
   }
   at::Tensor y = at::empty({M, N}, x.options());
-  at::Tensor residual;
-  if (residual_.has_value()) {
-    residual = residual_->contiguous();
-    check_f32_rows(residual, "residual", 2);
-    TORCH_CHECK(residual.size(0) == M && residual.size(1) == N, "residual must be [", M, ", ",
-                N, "], got ", residual.sizes());
-  }
+  const at::Tensor residual = residual_of(residual_, M, N);
   const float* xp = x.data_ptr<float>();
   const float* rp = residual.defined() ? residual.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
@@ -165,13 +169,7 @@ at::Tensor linear_w8a16(const at::Tensor& x_, const at::Tensor& w, const at::Ten
                   w.scalar_type() == at::kChar,
               "w must be int8 packed by kernels.pack_int8: [", groups, ", ", Kp / 32,
               ", 4, 32], got ", w.scalar_type(), " ", w.sizes());
-  at::Tensor residual;
-  if (residual_.has_value()) {
-    residual = residual_->contiguous();
-    check_f32_rows(residual, "residual", 2);
-    TORCH_CHECK(residual.size(0) == M && residual.size(1) == N, "residual must be [", M, ", ",
-                N, "], got ", residual.sizes());
-  }
+  const at::Tensor residual = residual_of(residual_, M, N);
   at::Tensor xq = at::zeros({M, Kp}, x.options().dtype(at::kShort));
   at::Tensor sx = at::empty({M}, x.options());
   const float* xp = x.data_ptr<float>();
