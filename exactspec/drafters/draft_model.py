@@ -35,6 +35,10 @@ class DraftModel:
 
     hidden_layers = None  # needs no target features
 
+    # whether the latest propose drafted: if not (plain decoding under load), a begin or an
+    # admission caches no prompt; a row's context is fed when it first drafts
+    _drafting = True
+
     def __init__(self, model, *, tree=None, siblings: str = "without_replacement") -> None:
         self.model = as_model(model)  # the draft LM and its tokenizer (if any)
         # branching per depth (None: chains) and how siblings are drawn (SIBLING_KINDS)
@@ -52,11 +56,12 @@ class DraftModel:
 
     def admit(self, context: DraftContext, target: TargetInfo, start: int) -> None:
         """Rows start.. are new: prefill them alone into the draft cache (running rows keep
-        theirs)."""
+        theirs); while the batch decodes plain (the latest propose drafted nothing) nothing
+        is prefilled: a row's context is fed when it first drafts."""
         assert self._adapter is not None and self._fed is not None, "begin() first"
-        prompts = [row[: int(n) - 1].tolist() for row, n in
+        prompts = [row[: int(n) - 1].tolist() if self._drafting else [] for row, n in
                    zip(context.tokens[start:].cpu(), context.lengths[start:].cpu(), strict=True)]
-        self._adapter.admit(prompts)
+        self._adapter.admit(prompts, capacity=int(context.tokens.shape[1]))
         fed = torch.full((len(prompts), max(self._fed.shape[1], context.tokens.shape[1])), -1,
                          dtype=torch.long, device=self._fed.device)  # [R, S]
         for i, p in enumerate(prompts):
@@ -67,13 +72,14 @@ class DraftModel:
         self._fed = torch.cat([self._fed, fed])
 
     def _start(self, adapter: TargetAdapter, context: DraftContext) -> None:
-        """Prefill `adapter` (the draft's cache) with every row's context but its last token."""
+        """Prefill `adapter` (the draft's cache) with every row's context but its last token
+        (nothing while the batch decodes plain: see `admit`)."""
         self._adapter = adapter
         prompts = [
-            row[: int(n) - 1].tolist()
+            row[: int(n) - 1].tolist() if self._drafting else []
             for row, n in zip(context.tokens.cpu(), context.lengths.cpu(), strict=True)
         ]
-        adapter.prefill(prompts)
+        adapter.prefill(prompts, capacity=int(context.tokens.shape[1]))
         width = context.tokens.shape[1]
         self._fed = torch.full((len(prompts), width), -1, dtype=torch.long,
                                device=adapter.device)
@@ -114,14 +120,17 @@ class DraftModel:
         b = context.tokens.shape[0]
         drafts, q = empty_proposal(num_tokens, self.model.vocab_size, dev)  # [B, K] -1, [B, K, V] 0
         k = drafts.shape[1]
+        self._drafting = k > 0
         if k == 0:
             return drafts, q
-        feed, last = self._catch_up(context)
+        on = num_tokens.to(dev) > 0  # [B] rows that draft; the others are not fed (they
+        # catch up when they next draft: a probe of one row does not feed the whole batch)
+        feed, last = self._catch_up(context, on)
         for j in range(k):
-            self._record(feed, ad.lengths)
+            self._record(torch.where(on[:, None], feed, -1), ad.lengths)
             logits = ad.extend(feed)  # [B, W, V]
             logits = logits[torch.arange(b, device=dev), last]  # [B, V]
-            ad.commit(last + 1)
+            ad.commit((last + 1) * on)
             q_j = context.standardize(logits, drafts[:, :j])  # [B, V], each row's params
             x = sample(q_j, context.streams, domain=DOMAIN_DRAFT + j)  # [B]
             drafts[:, j] = x
@@ -131,10 +140,12 @@ class DraftModel:
         want = torch.arange(k, device=dev)[None, :] < num_tokens.to(dev)[:, None]
         return torch.where(want, drafts, -1), q
 
-    def _catch_up(self, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+    def _catch_up(self, context: DraftContext, on: torch.Tensor | None = None,  # [B] bool
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """Roll the draft cache back to the cached prefix that agrees with the context (never
         the last token) and return what it lacks: feed [B, W] (ragged, right-padded) and the
-        index of each row's last real token in it [B]."""
+        index of each row's last real token in it [B]. Rows off `on` are left as they are
+        and fed one padding token (not to be committed)."""
         ad, fed = self._adapter, self._fed
         dev = ad.device
         tokens = context.tokens.to(dev)  # [B, T]
@@ -142,8 +153,12 @@ class DraftModel:
         s = min(fed.shape[1], tokens.shape[1])
         agree = (fed[:, :s] == tokens[:, :s]).long().cumprod(1).sum(1)  # [B]
         keep = torch.minimum(torch.minimum(agree, ad.lengths), lengths - 1)
+        if on is not None:
+            keep = torch.where(on, keep, ad.lengths)
         ad.rewind(keep)
         pending = lengths - keep  # [B] >= 1
+        if on is not None:
+            pending = torch.where(on, pending, 1)
         width = int(pending.max())
         idx = keep[:, None] + torch.arange(width, device=dev)  # [B, W]
         feed = tokens.gather(1, idx.clamp(max=tokens.shape[1] - 1))
@@ -152,6 +167,7 @@ class DraftModel:
 
     def propose_tree(self, context: DraftContext, max_depth: torch.Tensor) -> DraftTree:
         """The tree of `self.tree` (exactspec/drafters/tree_draft.py); max_depth [B]."""
+        self._drafting = True
         return draft_model_tree(self, context, max_depth)
 
     def _record(self, feed: torch.Tensor, at: torch.Tensor) -> None:

@@ -14,6 +14,13 @@ AUTO_PROBE_MAX = 64  # ... the gap doubling while the answer stays plain, up to 
 AUTO_COST_WINDOW = 9  # a cost estimate is the median of this many latest measurements
 PRIOR_WEIGHT = 2.0  # pseudo-observations a row's acceptance starts from (the pooled estimate)
 POOL_MAX = 256.0  # the pooled acceptance counts are scaled down past this many observations
+# a probe is due only once the plain steps since the last one cost 1 / PROBE_SHARE times what
+# that probe cost beyond plain steps (a torch draft's probe under load catches its row up in a
+# forward padded to the whole batch): exploring costs at most this share of the time
+PROBE_SHARE = 0.03
+# unmeasured, a caught-up token costs this many one-row draft positions (a batched feed, as a
+# prefill: smollm2-135m's int8 draft, 72 ms for a 50-token prompt, 11 ms per one-row position)
+CATCH_UP_PRIOR = 0.15
 
 
 def expected_tokens(alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -86,6 +93,13 @@ class DraftLengthPolicy:
         # (rows drafting, their lag) of the step chosen last; None: not chosen here (trees)
         self._chosen: tuple[int, float] | None = None
         self.overhead = 0.0  # seconds a step spends outside the draft and the target forward
+        self._probe_step = False  # the step chosen last is a probe's
+        self._probe_excess = 0.0  # seconds the current probe cost beyond plain steps so far
+        self._probe_cost = 0.0  # ... and what the last whole probe cost
+        # whether the latest step drafted for any row (None: no step yet): rows admitted while
+        # none drafts are not fed to the drafter (DraftModel, llama.cpp), so they lag by their
+        # prompts; rows admitted into a drafting batch are prefilled at once
+        self._drafted_last: bool | None = None
         self._last = None  # (perf_counter at the last choice, its step's draft + target seconds)
 
     def alphas(self) -> torch.Tensor:  # [B] float64
@@ -104,6 +118,7 @@ class DraftLengthPolicy:
             if room is None else room.cpu().long().clamp(min=0)
         self.steps += 1
         self._time_overhead()
+        self._probe_step = False
         if not self.auto or not self.draft_cost or not self.target_cost:
             return self._note(torch.minimum(torch.full((b,), self.fixed, dtype=torch.long), room))
         alpha = self.alphas()  # [B]
@@ -116,23 +131,29 @@ class DraftLengthPolicy:
                              for w, n in zip(width.tolist(), drafting.tolist(), strict=True)],
                             dtype=torch.float64)  # [Kc]
         tokens = expected_tokens(alpha[:, None], per_row.double()).sum(0)  # [Kc]
-        if self.catch_up_cost is not None and b:  # catching the drafter up, spread out
+        catch_up = self.catch_up_cost if self.catch_up_cost is not None \
+            else CATCH_UP_PRIOR * self._draft_cost(1)
+        if b:  # catching the drafter up, spread out
             lagging = ((per_row > 0).double() * self.lag.double()[:, None]).sum(0)  # [Kc]
             horizon = (room.double().mean() * b / tokens).clamp(min=1.0)  # [Kc] steps
-            cost = cost + self.catch_up_cost * lagging / horizon
+            cost = cost + catch_up * lagging / horizon
         k = int((tokens / cost).argmax())
         if k == 0 and self._probing:  # a probe's second step: the one whose cost counts
             self._probing -= 1
+            self._probe_step = True
             return self._note(self._probe_row(room))
         if k == 0:
             self._since_probe += 1
-            if self._since_probe >= self.probe:  # a probe: one row drafts one token
-                self._since_probe = 0
+            plain = self._since_probe * (self._target_cost(rows, 1) + self.overhead)
+            if self._since_probe >= self.probe and plain * PROBE_SHARE >= self._probe_cost:
+                self._since_probe = 0  # a probe: one row drafts one token
                 self.probe = min(2 * self.probe, AUTO_PROBE_MAX)
                 self._probing = 1
+                self._probe_step = True
                 return self._note(self._probe_row(room))
         else:
             self.probe, self._since_probe, self._probing = AUTO_PROBE_EVERY, 0, 0
+            self._probe_cost = 0.0
             near = any(w == 1 and abs(b - rows) <= rows // 4 for b, w in self.target_cost)
             if self.steps % AUTO_PROBE_EVERY == 0:
                 if not near:
@@ -197,6 +218,7 @@ class DraftLengthPolicy:
         rejected = ((accepted < drafted) & (drafted > 0)).double()
         self.accepted += accepted
         self.rejections += rejected
+        self._drafted_last = bool((drafted > 0).any())
         pa, pr = self.pool[0] + float(accepted.sum()), self.pool[1] + float(rejected.sum())
         scale = min(1.0, POOL_MAX / max(pa + pr, 1.0))
         self.pool = [pa * scale, pr * scale]
@@ -217,6 +239,11 @@ class DraftLengthPolicy:
         per caught-up token instead (what the draft positions would have cost taken out)."""
         drafting, lag = self._chosen if self._chosen is not None else (rows, 0.0)
         self._chosen = None
+        if self._probe_step:  # what the probe costs beyond the plain steps it replaces
+            plain = self._target_cost(rows, 1) if self.target_cost else target_seconds
+            self._probe_excess += draft_seconds + max(target_seconds - plain, 0.0)
+            if not self._probing:
+                self._probe_cost, self._probe_excess = self._probe_excess, 0.0
         if self._last is not None:
             self._last = (self._last[0], draft_seconds + target_seconds)
         if num_draft > 0 and drafting > 0 and lag > 0:
@@ -245,12 +272,16 @@ class DraftLengthPolicy:
         return statistics.median(window)
 
     def admit(self, num_rows: int, prompt_lengths: list[int] | None = None) -> None:
-        """Append `num_rows` new rows with no observations yet; the drafter has not drafted
-        for them, so it lags by their prompts (`prompt_lengths`, default one token each)."""
+        """Append `num_rows` new rows with no observations yet. Into a batch whose latest
+        step drafted the drafter prefills them at once (no lag); otherwise it has not seen
+        their prompts (`prompt_lengths`, default one token each), which it catches up when
+        they first draft."""
         self.accepted = torch.cat([self.accepted, torch.zeros(num_rows)])
         self.rejections = torch.cat([self.rejections, torch.zeros(num_rows)])
         lags = torch.tensor(prompt_lengths, dtype=torch.float64) if prompt_lengths is not None \
             else torch.ones(num_rows, dtype=torch.float64)
+        if self._drafted_last:
+            lags = torch.zeros(num_rows, dtype=torch.float64)
         self.lag = torch.cat([self.lag, lags])
 
     def select(self, rows: torch.Tensor) -> None:

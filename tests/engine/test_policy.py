@@ -161,11 +161,16 @@ def test_first_measurements_and_catch_up_steps_are_not_costs():
     assert pol.draft_cost[1] == 0.012 and pol.catch_up_cost is None  # (its first: dropped)
     step(4, 0.056, 0.070, 5)
     assert pol.draft_cost[1] == pytest.approx(0.013)  # the median of 0.012 and 0.014
-    pol.admit(1, [10])
-    step(4, 0.900, 0.070, 5)  # two rows draft, one lagging by its prompt: a catch-up
+    pol.admit(1, [3])  # into a drafting batch: the drafter prefills the prompt at once
+    assert pol.lag.tolist() == [0, 0]
+    pol.select(torch.tensor([0]))
+    step(0, 0.0, 0.045, 1)  # a plain step: row 0 lags by its token, and a row admitted
+    pol.admit(1, [10])  # now is not fed to the drafter: it lags by its prompt
+    assert pol.lag.tolist() == [1, 10]
+    step(4, 0.900, 0.070, 5)  # two rows draft, lagging by 11 tokens: a catch-up
     assert 2 not in pol.draft_cost
-    # (0.9 s - 4 positions at two rows, read from one row's 0.013 s) / 10 lagging tokens
-    assert pol.catch_up_cost == pytest.approx((0.900 - 4 * 0.013 * 1.5) / 10)
+    # (0.9 s - 4 positions at two rows, read from one row's 0.013 s) / 11 lagging tokens
+    assert pol.catch_up_cost == pytest.approx((0.900 - 4 * 0.013 * 1.5) / 11)
     pol.select(torch.tensor([0]))
     step(4, 2.000, 0.070, 5)  # one very slow step (a busy machine): the median
     assert pol.draft_cost[1] == pytest.approx(0.014)  # of 0.012, 0.014, 0.5
@@ -260,8 +265,12 @@ def test_a_probes_draft_cost_is_the_cost_of_the_rows_that_drafted():
     """A probe drafts for one row of sixteen: its cost is one row's, kept apart from the
     sixteen-row cost (filing it there made a full batch look as cheap to draft as one row)."""
     pol = _loaded()
-    for _ in range(3 * AUTO_PROBE_EVERY + 4):
+    drafting_steps = 0
+    for _ in range(1000):  # until two probes (each: a catch-up step, a measured one) ran
+        if drafting_steps == 4:
+            break
         want = pol.choose()
+        drafting_steps += int(want.max())
         pol.observe(want, torch.zeros(16))
         pol.observe_costs(0.015 * int(want.max()), int(want.max()), 0.1 + 0.1 * int(want.max()),
                           1 + int(want.max()), 16)

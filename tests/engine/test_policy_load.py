@@ -6,12 +6,13 @@ equal plain greedy."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from exactspec import SamplingParams
 from exactspec.drafters.gguf_draft import llama_cpp_available
 from exactspec.engine import generate
 from exactspec.engine.loop import DecodeConfig, Decoder
-from exactspec.engine.policy import AUTO_PROBE_EVERY
+from exactspec.engine.policy import AUTO_PROBE_EVERY, PROBE_SHARE, DraftLengthPolicy
 from tests.engine.test_rows import PROMPTS
 from tests.engine.tiny import tiny_llama
 
@@ -67,3 +68,82 @@ def test_plain_steps_feed_the_llama_cpp_draft_nothing_and_probes_one_row(target)
     for r in rows:
         plain = generate(target, [r.prompt], params=greedy, max_new_tokens=STEPS + 2)[0]
         assert r.output.tokens[:STEPS] == plain.token_ids[:STEPS]
+
+
+def test_plain_steps_leave_a_torch_draft_idle_and_rows_admitted_then_unfed(target, monkeypatch):
+    """The torch self-draft (DraftModel's cache) under load: a step at K = 0 runs no draft
+    forward; rows admitted while the batch decodes plain are not prefilled in the draft (the
+    target's prefill is the only one); a probe runs one draft forward that feeds its row alone
+    (the others get one padding token, not kept). Counted: every draft-cache extend and each
+    row's draft-cache length. Greedy rows equal plain greedy."""
+    import exactspec as es
+    from tests.engine.test_admission import Counter
+
+    count = Counter(monkeypatch)
+    drafter = es.QuantizedDraft(8, backend="torch")
+    greedy = SamplingParams(temperature=0)
+    cfg = DecodeConfig(params=greedy, max_new_tokens=2 * STEPS, num_draft_tokens="auto",
+                       verify="token", return_logprobs=False, eos_token_ids=[], stop=[],
+                       tokenizer=None)
+    dec = Decoder(target, drafter, cfg, on_fault="raise")
+    rows = [dec.make_row(i, p, greedy, 0) for i, p in enumerate(PROMPTS)]
+    dec.admit(rows[:2])
+    _plain_costs(dec.batch.policy, len(PROMPTS))
+    dec.step()  # plain: the drafter has drafted nothing since
+    ad = drafter._adapter
+    mark = count.mark()
+    dec.admit(rows[2:])
+    assert count.since(mark, ad) == []  # no draft prefill while the batch decodes plain
+    assert ad.lengths[2:].tolist() == [0, 0]
+    probes = 0
+    for _ in range(STEPS):
+        mark = count.mark()
+        before = [r.output.stats.drafted for r in rows]
+        dec.step()
+        drafted = [r.output.stats.drafted - b for r, b in zip(rows, before, strict=True)]
+        calls = count.since(mark, ad)
+        if sum(drafted) == 0:
+            assert calls == []  # a plain step: no draft forward at all
+            continue
+        probes += 1
+        assert sum(drafted) == 1 and len(calls) == 1  # one row, one token, one forward
+        j = drafted.index(1)
+        assert calls[0][1] <= len(rows[j].prompt) + len(rows[j].output.tokens)  # its lag
+    assert probes >= 4
+    probed = [r.output.stats.drafted > 0 for r in rows]
+    for j in (2, 3):  # admitted while plain: cached in the draft only if a probe fed them
+        assert (int(ad.lengths[j]) > 0) == probed[j]
+    for r in rows:
+        plain = generate(target, [r.prompt], params=greedy, max_new_tokens=STEPS)[0]
+        assert r.output.tokens[:STEPS] == plain.token_ids[:STEPS]
+
+
+def test_probes_cost_at_most_their_share_of_the_time_and_cheap_ones_keep_coming():
+    """At a row count where drafting loses, a probe is due only once the plain steps since the
+    last one cost 1 / PROBE_SHARE times what that probe cost beyond plain: a dear probe (a
+    torch draft catching its row up in a forward padded to sixteen rows: 0.5 s against 0.1 s
+    plain steps) runs at most a few times in 400 steps and costs at most its share of the
+    time (plus the first, which nothing had priced); a cheap one keeps the step-count back-off
+    (every 8, 16, 32, 64 steps). Costs are the policy's own measurements on a stand-in step."""
+    def run(draft_s, steps=400):
+        pol = DraftLengthPolicy("auto", 16)
+        pol.accepted, pol.rejections = torch.zeros(16), torch.full((16,), 200.0)
+        pol.draft_cost = {16: 0.2}
+        pol.target_cost = {(16, 1): 0.100, (16, 2): 0.200}
+        probe_steps, excess = 0, 0.0
+        for _ in range(steps):
+            want = pol.choose(torch.full((16,), 30))
+            k = int(want.max())
+            pol.observe(want, torch.zeros(16))
+            pol.observe_costs(draft_s * k, k, 0.100 * (1 + k), 1 + k, 16)
+            probe_steps += k
+            excess += (draft_s + 0.100) * k
+        return probe_steps // 2, excess
+
+    probes, excess = run(draft_s=0.5)
+    plain_time = 400 * 0.100
+    first = 2 * (0.5 + 0.100)
+    assert 1 <= probes <= 2  # the step-count back-off alone ran 7 here
+    assert excess <= PROBE_SHARE * plain_time + first
+    probes, _ = run(draft_s=0.001)
+    assert probes >= 6
