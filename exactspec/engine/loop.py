@@ -21,7 +21,14 @@ from exactspec.engine.stopping import StopRule
 from exactspec.engine.tree_step import tree_rule
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import Model, as_model
-from exactspec.sampling import SamplingParams, Verdict, VerifyMethod, parse_method
+from exactspec.sampling import (
+    DOMAIN_RESAMPLE,
+    SamplingParams,
+    Verdict,
+    VerifyMethod,
+    parse_method,
+    sample,
+)
 
 VerifyFn = Callable[..., Verdict]
 
@@ -50,8 +57,23 @@ def verify_rule(drafter: Drafter | None, verify_arg: VerifyMethod | str | Verify
     if callable(verify_arg):
         return lambda p, x, q, streams: verify_arg(p, x, q, generator=streams)
     # p is made by the engine and a user drafter's q is checked before: no second check
-    law = parse_method(verify_arg).chain_law  # traversal's chain law is block's
-    return lambda p, x, q, streams: law(p, x, q, check=False).draw(streams)
+    method = parse_method(verify_arg)
+    law = method.chain_law  # traversal's chain law is block's
+    exact = method.name in ("token", "block", "traversal")
+
+    def rule(p, x, q, streams):
+        if exact and x.shape[1] == 0:  # no row drafted (auto's K = 0): plain decoding's cost
+            return bonus_rule(p, streams)
+        return law(p, x, q, check=False).draw(streams)
+
+    return rule
+
+
+def bonus_rule(p: torch.Tensor, streams) -> Verdict:  # p [B, 1, V]
+    """An exact chain law's verdict when no row drafted: its bonus token, drawn from p with the
+    uniform the law would use (the same token), without building the law."""
+    tok = sample(p[:, 0], streams, domain=DOMAIN_RESAMPLE)  # [B]
+    return Verdict(tokens=tok[:, None], num_accepted=torch.zeros_like(tok))
 
 
 class Decoder:

@@ -147,3 +147,26 @@ def test_probes_cost_at_most_their_share_of_the_time_and_cheap_ones_keep_coming(
     assert excess <= PROBE_SHARE * plain_time + first
     probes, _ = run(draft_s=0.001)
     assert probes >= 6
+
+
+@pytest.mark.parametrize("method", ["token", "block", "traversal"])
+def test_a_step_where_no_row_drafts_draws_the_chain_laws_token_at_plains_cost(method):
+    """At K = 0 the exact chain rules skip building their law (plain decoding's cost, measured
+    2-5 ms a step at 16 rows) and draw the very token the law draws: the same uniform on the
+    same p. Checked bit for bit against the law over many rows and temperatures; a draw with
+    plain decoding's uniform (another domain) differs."""
+    from exactspec.engine.loop import bonus_rule, verify_rule
+    from exactspec.sampling import DOMAIN_SAMPLE, RowStreams, parse_method, sample
+
+    torch.manual_seed(0)
+    rows, vocab = 64, 50
+    p = torch.softmax(torch.randn(rows, 1, vocab) * 3, -1)  # [B, 1, V]
+    drafts, q = torch.zeros(rows, 0, dtype=torch.long), torch.zeros(rows, 0, vocab)
+    streams = RowStreams.from_seed(7, rows)
+    law = parse_method(method).chain_law(p, drafts, q, check=False).draw(streams)
+    fast = verify_rule(object(), method)(p, drafts, q, streams)
+    assert torch.equal(fast.tokens, law.tokens)
+    assert torch.equal(fast.num_accepted, law.num_accepted)
+    assert torch.equal(bonus_rule(p, streams).tokens, law.tokens)
+    other = sample(p[:, 0], streams, domain=DOMAIN_SAMPLE)
+    assert not torch.equal(other, law.tokens[:, 0])
