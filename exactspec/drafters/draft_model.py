@@ -17,6 +17,13 @@ CROSS_VOCAB = ("for a draft with another tokenizer use es.CrossVocabDraft(model)
                "command line --cross-vocab-draft MODEL")
 
 
+def prefills_at_once(drafted_rows: int | None, rows: int) -> bool:
+    """Whether a drafter fills new rows' prompts into its cache at admission: only if its
+    latest step drafted for at least half the `rows` the batch then has (else the prompts are
+    fed when the rows first draft). The draft-length policy assumes the same rule."""
+    return drafted_rows is not None and 2 * drafted_rows >= rows
+
+
 class DraftModel:
     """Drafts K tokens by sampling a small model's q, standardized exactly like the target's p.
 
@@ -35,9 +42,11 @@ class DraftModel:
 
     hidden_layers = None  # needs no target features
 
-    # whether the latest propose drafted: if not (plain decoding under load), a begin or an
-    # admission caches no prompt; a row's context is fed when it first drafts
-    _drafting = True
+    # rows the latest propose drafted for: a begin or an admission leaving more than twice as
+    # many rows in the batch (`prefills_at_once`) caches no prompt (plain decoding under load,
+    # a one-row probe, load arriving after one stream); a row's context is fed when it first
+    # drafts
+    _drafted_rows = 1 << 30
 
     def __init__(self, model, *, tree=None, siblings: str = "without_replacement") -> None:
         self.model = as_model(model)  # the draft LM and its tokenizer (if any)
@@ -59,7 +68,8 @@ class DraftModel:
         theirs); while the batch decodes plain (the latest propose drafted nothing) nothing
         is prefilled: a row's context is fed when it first drafts."""
         assert self._adapter is not None and self._fed is not None, "begin() first"
-        prompts = [row[: int(n) - 1].tolist() if self._drafting else [] for row, n in
+        eager = prefills_at_once(self._drafted_rows, int(context.tokens.shape[0]))
+        prompts = [row[: int(n) - 1].tolist() if eager else [] for row, n in
                    zip(context.tokens[start:].cpu(), context.lengths[start:].cpu(), strict=True)]
         self._adapter.admit(prompts, capacity=int(context.tokens.shape[1]))
         fed = torch.full((len(prompts), max(self._fed.shape[1], context.tokens.shape[1])), -1,
@@ -75,8 +85,9 @@ class DraftModel:
         """Prefill `adapter` (the draft's cache) with every row's context but its last token
         (nothing while the batch decodes plain: see `admit`)."""
         self._adapter = adapter
+        eager = prefills_at_once(self._drafted_rows, int(context.tokens.shape[0]))
         prompts = [
-            row[: int(n) - 1].tolist() if self._drafting else []
+            row[: int(n) - 1].tolist() if eager else []
             for row, n in zip(context.tokens.cpu(), context.lengths.cpu(), strict=True)
         ]
         adapter.prefill(prompts, capacity=int(context.tokens.shape[1]))
@@ -120,7 +131,7 @@ class DraftModel:
         b = context.tokens.shape[0]
         drafts, q = empty_proposal(num_tokens, self.model.vocab_size, dev)  # [B, K] -1, [B, K, V] 0
         k = drafts.shape[1]
-        self._drafting = k > 0
+        self._drafted_rows = int((num_tokens > 0).sum())
         if k == 0:
             return drafts, q
         on = num_tokens.to(dev) > 0  # [B] rows that draft; the others are not fed (they
@@ -167,7 +178,7 @@ class DraftModel:
 
     def propose_tree(self, context: DraftContext, max_depth: torch.Tensor) -> DraftTree:
         """The tree of `self.tree` (exactspec/drafters/tree_draft.py); max_depth [B]."""
-        self._drafting = True
+        self._drafted_rows = int(context.tokens.shape[0])
         return draft_model_tree(self, context, max_depth)
 
     def _record(self, feed: torch.Tensor, at: torch.Tensor) -> None:

@@ -8,6 +8,8 @@ import time
 
 import torch
 
+from exactspec.drafters.draft_model import prefills_at_once
+
 AUTO_MAX_DRAFT = 8  # the longest draft "auto" proposes
 AUTO_PROBE_EVERY = 8  # a batch that stopped drafting still drafts one token after this many steps
 AUTO_PROBE_MAX = 64  # ... the gap doubling while the answer stays plain, up to this
@@ -96,10 +98,10 @@ class DraftLengthPolicy:
         self._probe_step = False  # the step chosen last is a probe's
         self._probe_excess = 0.0  # seconds the current probe cost beyond plain steps so far
         self._probe_cost = 0.0  # ... and what the last whole probe cost
-        # whether the latest step drafted for any row (None: no step yet): rows admitted while
-        # none drafts are not fed to the drafter (DraftModel, llama.cpp), so they lag by their
-        # prompts; rows admitted into a drafting batch are prefilled at once
-        self._drafted_last: bool | None = None
+        # rows the latest step drafted for (None: no step yet): a drafter prefills admitted
+        # rows at once only into a batch drafting for half its rows (`prefills_at_once`);
+        # otherwise the rows lag by their prompts
+        self._drafted_rows: int | None = None
         self._last = None  # (perf_counter at the last choice, its step's draft + target seconds)
 
     def alphas(self) -> torch.Tensor:  # [B] float64
@@ -218,7 +220,7 @@ class DraftLengthPolicy:
         rejected = ((accepted < drafted) & (drafted > 0)).double()
         self.accepted += accepted
         self.rejections += rejected
-        self._drafted_last = bool((drafted > 0).any())
+        self._drafted_rows = int((drafted > 0).sum())
         pa, pr = self.pool[0] + float(accepted.sum()), self.pool[1] + float(rejected.sum())
         scale = min(1.0, POOL_MAX / max(pa + pr, 1.0))
         self.pool = [pa * scale, pr * scale]
@@ -273,14 +275,14 @@ class DraftLengthPolicy:
 
     def admit(self, num_rows: int, prompt_lengths: list[int] | None = None) -> None:
         """Append `num_rows` new rows with no observations yet. Into a batch whose latest
-        step drafted the drafter prefills them at once (no lag); otherwise it has not seen
-        their prompts (`prompt_lengths`, default one token each), which it catches up when
-        they first draft."""
+        step drafted for half its rows the drafter prefills them at once (no lag); otherwise it
+        has not seen their prompts (`prompt_lengths`, default one token each), which it catches
+        up when they first draft."""
         self.accepted = torch.cat([self.accepted, torch.zeros(num_rows)])
         self.rejections = torch.cat([self.rejections, torch.zeros(num_rows)])
         lags = torch.tensor(prompt_lengths, dtype=torch.float64) if prompt_lengths is not None \
             else torch.ones(num_rows, dtype=torch.float64)
-        if self._drafted_last:
+        if prefills_at_once(self._drafted_rows, len(self.accepted)):
             lags = torch.zeros(num_rows, dtype=torch.float64)
         self.lag = torch.cat([self.lag, lags])
 

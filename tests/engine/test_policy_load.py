@@ -170,3 +170,40 @@ def test_a_step_where_no_row_drafts_draws_the_chain_laws_token_at_plains_cost(me
     assert torch.equal(bonus_rule(p, streams).tokens, law.tokens)
     other = sample(p[:, 0], streams, domain=DOMAIN_SAMPLE)
     assert not torch.equal(other, law.tokens[:, 0])
+
+
+def test_admitted_rows_lag_by_their_prompts_unless_the_batch_drafts_for_half_its_rows(target):
+    """The drafter and the policy share one rule (`prefills_at_once`): a begin or admission
+    prefills the new prompts in the draft only if the latest step drafted for at least half the
+    rows the batch then has. One stream drafting keeps its prefill at admission; load arriving
+    after one stream (16 rows after a step drafting for one), plain steps and one-row probes
+    leave the prompts to be fed when the rows first draft, and the policy counts them as lag."""
+    import exactspec as es
+    from exactspec.drafters.draft_model import prefills_at_once
+
+    assert prefills_at_once(1, 1) and prefills_at_once(2, 4) and prefills_at_once(1 << 30, 64)
+    assert not prefills_at_once(1, 16) and not prefills_at_once(0, 1)
+    assert not prefills_at_once(None, 1)
+    pol = DraftLengthPolicy("auto", 0)
+    pol.admit(1, [5])  # no step yet: the policy cannot know, and counts the prompt
+    assert pol.lag.tolist() == [5]
+    pol.observe(torch.tensor([4.0]), torch.tensor([4.0]))  # drafted for its one row
+    pol.admit(1, [7])  # 2 rows, 1 drafting: prefilled
+    assert pol.lag.tolist() == [0, 0]
+    pol.observe(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.0]))
+    pol.admit(2, [3, 4])  # 4 rows, 1 drafting: not prefilled
+    assert pol.lag.tolist() == [0, 1, 3, 4]
+    # the torch draft: after a step drafting for one row, a begin over four rows caches nothing
+    drafter = es.QuantizedDraft(8, backend="torch")
+    cfg = DecodeConfig(params=SamplingParams(temperature=0), max_new_tokens=8,
+                       num_draft_tokens=3, verify="token", return_logprobs=False,
+                       eos_token_ids=[], stop=[], tokenizer=None)
+    dec = Decoder(target, drafter, cfg)
+    dec.admit([dec.make_row(0, PROMPTS[0], SamplingParams(temperature=0), 0)])
+    assert drafter._adapter.lengths.tolist() == [len(PROMPTS[0]) - 1]  # a fresh drafter: eager
+    dec.step()
+    dec.admit([dec.make_row(i, p, SamplingParams(temperature=0), 0)
+               for i, p in enumerate(PROMPTS[1:], 1)])
+    assert drafter._adapter.lengths[1:].tolist() == [0, 0, 0]
+    drafter.begin(dec.batch.context(), dec.batch.info)
+    assert drafter._adapter.lengths.tolist() == [0, 0, 0, 0]
