@@ -23,6 +23,9 @@ PROBE_SHARE = 0.03
 # unmeasured, a caught-up token costs this many one-row draft positions (a batched feed, as a
 # prefill: smollm2-135m's int8 draft, 72 ms for a 50-token prompt, 11 ms per one-row position)
 CATCH_UP_PRIOR = 0.15
+# plain's cost at a row count is measured (one plain step) unless drafting's rate beats plain's
+# guessed rate by this factor (the guess would have to be that far off to turn the choice)
+PLAIN_MARGIN = 1.5
 
 
 def expected_tokens(alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -70,10 +73,17 @@ class DraftLengthPolicy:
     for two steps every `probe` steps (doubling, up to AUTO_PROBE_MAX, while the answer stays
     0), so that the acceptance, the one-row draft cost and the width-2 forward keep being
     measured without catching the drafter up on the whole batch (the first step catches that
-    row up, the second is measured); and a drafting batch takes one plain step at a row count
-    whose plain cost was never measured, or one more draft where that wider verify was never
-    measured at this row count (so the chosen K climbs while wider forwards cost less than the
-    line through the narrower ones said).
+    row up, the second is measured); a probe is due only once the plain steps since the last
+    one cost 1 / PROBE_SHARE times what that probe cost beyond plain steps, so exploring under
+    load costs at most PROBE_SHARE of the time whatever a probe costs there. A drafting batch
+    takes one plain step at a row count whose plain cost was never measured (unless drafting's
+    rate beats plain's guessed one by PLAIN_MARGIN), or one more draft where that wider verify
+    was never measured at this row count (so the chosen K climbs while wider forwards cost less
+    than the line through the narrower ones said).
+
+    Drafter state: rows admitted while the batch drafts for fewer than half its rows are not
+    fed to the drafter (`prefills_at_once`, which DraftModel follows; llama.cpp feeds a row at
+    its first draft anyway): they lag by their prompts, charged as above before drafting.
     """
 
     def __init__(self, num_draft_tokens: int | str, num_rows: int) -> None:
@@ -157,9 +167,11 @@ class DraftLengthPolicy:
             self.probe, self._since_probe, self._probing = AUTO_PROBE_EVERY, 0, 0
             self._probe_cost = 0.0
             near = any(w == 1 and abs(b - rows) <= rows // 4 for b, w in self.target_cost)
+            rates = tokens / cost  # [Kc]
             if self.steps % AUTO_PROBE_EVERY == 0:
-                if not near:
-                    k = 0  # plain's cost at this many rows is still a guess: measure it once
+                if not near and rates[k] < PLAIN_MARGIN * rates[0]:
+                    k = 0  # plain's cost at this many rows is still a guess that could turn
+                    # the choice: measure it once (one stream drafting at 0.95 skips it)
                 elif k < AUTO_MAX_DRAFT and (rows, int(width[k + 1]) + 1) not in self.target_cost:
                     k += 1  # the next wider verify is a guess here (a line through the measured
                     # ones overestimates it on CPUs): measure it, then the costs decide

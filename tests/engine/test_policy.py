@@ -328,3 +328,18 @@ def test_the_steps_overhead_is_measured_between_choices_and_favours_fewer_steps(
         pol.choose()
     assert pol.overhead == pytest.approx(0.030)
     assert pol.choose().tolist()[0] > 0
+
+
+def test_plain_is_measured_where_it_could_turn_the_choice_not_where_drafting_clearly_wins():
+    """Every AUTO_PROBE_EVERY steps a drafting batch whose plain cost at this row count is a
+    guess took one plain step to measure it; one stream drafting at 0.95 paid that in its
+    first answer for nothing (drafting's rate is far above plain's guessed one). Now only a
+    close call (here alpha 0.6, c = 0.4: K = 1 beats the guessed plain by 7%) measures."""
+    costs = {5: 0.059, 6: 0.062}  # one row; width 1 never measured
+    clear = _policy([95], [5], draft_cost=0.012, target_costs=costs)
+    clear.steps = AUTO_PROBE_EVERY - 1
+    assert clear.choose().tolist()[0] >= 4
+    close = _policy([60], [40], draft_cost=0.020, target_costs=costs)
+    assert close.choose().tolist() == [1]
+    close.steps = AUTO_PROBE_EVERY - 1
+    assert close.choose().tolist() == [0]
