@@ -89,6 +89,14 @@ class DraftContext:
             return self.params is not None and self.params.uses_history
         return any(p.uses_history for p in self.row_params)
 
+    @property
+    def greedy(self) -> bool:
+        """Whether every row decodes greedily (temperature 0): each standardized q is a one-hot,
+        and `sample(q, streams, greedy=True)` draws it without a CDF."""
+        if self.row_params is None:
+            return self.params is not None and self.params.is_greedy
+        return all(p.is_greedy for p in self.row_params)
+
     def standardize(self, logits: torch.Tensor,  # [B, V]
                     drafted: torch.Tensor | None = None,  # [B, J] drafts before this position
                     ) -> torch.Tensor:  # [B, V]

@@ -129,11 +129,15 @@ class DraftModel:
         assert ad is not None and self._fed is not None, "begin() first"
         dev = ad.device
         b = context.tokens.shape[0]
-        drafts, q = empty_proposal(num_tokens, self.model.vocab_size, dev)  # [B, K] -1, [B, K, V] 0
-        k = drafts.shape[1]
+        k = int(num_tokens.max()) if b else 0
         self._drafted_rows = int((num_tokens > 0).sum())
         if k == 0:
-            return drafts, q
+            return empty_proposal(num_tokens, self.model.vocab_size, dev)  # [B, 0], [B, 0, V]
+        drafts = torch.full((b, k), -1, dtype=torch.long, device=dev)  # [B, K]
+        # q at each draft position, [B, V] each: every row is drawn at every position, so q is
+        # stacked from them (float32, as empty_proposal's), not zero-filled and then copied into
+        qs = []
+        greedy = context.greedy  # one-hot q: the draw is its hot index, no CDF
         on = num_tokens.to(dev) > 0  # [B] rows that draft; the others are not fed (they
         # catch up when they next draft: a probe of one row does not feed the whole batch)
         feed, last = self._catch_up(context, on)
@@ -143,13 +147,13 @@ class DraftModel:
             logits = logits[torch.arange(b, device=dev), last]  # [B, V]
             ad.commit((last + 1) * on)
             q_j = context.standardize(logits, drafts[:, :j])  # [B, V], each row's params
-            x = sample(q_j, context.streams, domain=DOMAIN_DRAFT + j)  # [B]
+            x = sample(q_j, context.streams, domain=DOMAIN_DRAFT + j, greedy=greedy)  # [B]
             drafts[:, j] = x
-            q[:, j] = q_j
+            qs.append(q_j)
             feed = x[:, None]
             last = torch.zeros_like(last)
         want = torch.arange(k, device=dev)[None, :] < num_tokens.to(dev)[:, None]
-        return torch.where(want, drafts, -1), q
+        return torch.where(want, drafts, -1), torch.stack(qs, 1).float()  # [B, K], [B, K, V]
 
     def _catch_up(self, context: DraftContext, on: torch.Tensor | None = None,  # [B] bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -108,6 +108,11 @@ class BatchState:
             self._groups = law_groups(self.params)
         return self._groups
 
+    @property
+    def greedy(self) -> bool:
+        """Whether every row decodes greedily (temperature 0: each p is a one-hot)."""
+        return all(law.is_greedy for law, _ in self.groups)
+
     def context(self) -> DraftContext:
         groups = self.groups
         shared = groups[0][0] if len(groups) == 1 and groups[0][1] is None else None

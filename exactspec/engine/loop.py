@@ -16,7 +16,14 @@ import torch
 from exactspec.drafters.base import Drafter, TargetInfo, trusts_q
 from exactspec.engine.batch import BatchState, Row, RowOutput
 from exactspec.engine.policy import AUTO_MAX_DRAFT, DraftLengthPolicy
-from exactspec.engine.step import Clock, NoDrafter, StepRules, decode_step, plain_rule
+from exactspec.engine.step import (
+    Clock,
+    NoDrafter,
+    StepRules,
+    decode_step,
+    greedy_shortcut,
+    plain_rule,
+)
 from exactspec.engine.stopping import StopRule
 from exactspec.engine.tree_step import tree_rule
 from exactspec.models.adapter import TargetAdapter
@@ -112,7 +119,8 @@ class Decoder:
             verify=verify_rule(drafter, cfg.verify),
             check_q=not trusts_q(self.batch.drafter),
             return_logprobs=cfg.return_logprobs,
-            tree_step=tree_rule(drafter, cfg.verify))
+            tree_step=tree_rule(drafter, cfg.verify),
+            greedy_verify=greedy_shortcut(drafter, cfg.verify))
 
     @property
     def rows(self) -> list[Row]:

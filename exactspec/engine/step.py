@@ -12,10 +12,18 @@ from dataclasses import dataclass
 
 import torch
 
-from exactspec.drafters.base import DraftContext, TargetInfo
+from exactspec.drafters.base import DraftContext, TargetInfo, trusts_q
 from exactspec.engine.batch import FAULT, BatchState, Row
 from exactspec.errors import InvalidValue
-from exactspec.sampling import DOMAIN_SAMPLE, RowStreams, Verdict, acceptance_law, sample
+from exactspec.sampling import (
+    DOMAIN_SAMPLE,
+    RowStreams,
+    Verdict,
+    acceptance_law,
+    parse_method,
+    sample,
+)
+from exactspec.sampling.chain import greedy_law
 from exactspec.sampling.history import history, prefix_history
 from exactspec.sampling.logprobs import token_log_probs
 from exactspec.sampling.standardize import probs_from_logits_rows
@@ -33,6 +41,9 @@ class StepRules:
     return_logprobs: bool  # collect log p of each emitted token
     # a tree drafter's step, tree_step(batch, rules, clock, room [B]) (engine/tree_step.py)
     tree_step: Callable | None = None
+    # the rule of a step whose rows are all greedy, drawing the very tokens `verify` draws
+    # there, without its uniforms and residual (greedy_shortcut); None: `verify` always
+    greedy_verify: VerifyRule | None = None
 
 
 class NoDrafter:
@@ -55,10 +66,25 @@ class NoDrafter:
 
 
 def plain_rule(p: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None,
-               streams: RowStreams) -> Verdict:
-    """Plain decoding's verification of an empty proposal: one draw from p."""
-    tok = sample(p[:, 0], streams, domain=DOMAIN_SAMPLE)  # [B]
+               streams: RowStreams, greedy: bool = False) -> Verdict:
+    """Plain decoding's verification of an empty proposal: one draw from p (greedy: every
+    row's p is a one-hot, its hot index is the draw, `sample`'s greedy)."""
+    tok = sample(p[:, 0], streams, domain=DOMAIN_SAMPLE, greedy=greedy)  # [B]
     return Verdict(tokens=tok[:, None], num_accepted=torch.zeros_like(tok))
+
+
+def greedy_shortcut(drafter, verify_arg) -> VerifyRule | None:
+    """Token verification's rule for steps whose rows are all greedy, when the drafter's q is
+    the engine's (trusts_q): p is a one-hot at its argmax t and q(x) in (0, 1], so each draft is
+    accepted with a = min(1, p(x) / q(x)), exactly 1 if x == t else 0, P(n) is a one-hot (its
+    draw is its hot index whatever the uniform), and the residual max(p - q, 0) is positive at
+    t alone (or empty, then p): greedy verification's tokens, drawn without uniforms, a residual
+    or a float64 CDF. None for the other methods, a callable, or a q the engine checks."""
+    if drafter is None or callable(verify_arg) or not trusts_q(drafter):
+        return None
+    if parse_method(verify_arg).name != "token":
+        return None
+    return lambda p, x, q, streams: greedy_law(p, x, q, check=False).draw(streams)
 
 
 class Clock:
@@ -118,7 +144,12 @@ def decode_step(batch: BatchState, rules: StepRules, clock: Clock) -> list[tuple
         drafts, q, p, k = drafts[:, :0], q[:, :0], p[:, :1], 0
         num_real = torch.zeros_like(num_real)
         feats = feats[:, :1] if feats is not None else None
-    verdict = rules.verify(p, drafts, q, batch.streams)
+    if rules.verify is plain_rule:
+        verdict = plain_rule(p, drafts, q, batch.streams, greedy=batch.greedy)
+    elif rules.greedy_verify is not None and batch.greedy:
+        verdict = rules.greedy_verify(p, drafts, q, batch.streams)
+    else:
+        verdict = rules.verify(p, drafts, q, batch.streams)
     batch.streams.advance()
     n = verdict.num_accepted.to(dev)  # [B]
     verify_s = clock.lap()

@@ -135,7 +135,8 @@ class GreedyLaw(AcceptanceLaw):
 
     def choose(self, generator: Randomness) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.accept_probs.argmax(-1)
-        return n, self.residual(n).argmax(-1)
+        b = torch.arange(n.shape[0], device=n.device)
+        return n, self.target_probs[b, n].argmax(-1)  # the hot index of residual(n)
 
 
 def prepare_chain(p, x, q, check):

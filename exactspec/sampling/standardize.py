@@ -40,15 +40,10 @@ def probs_from_logits(
     vocab = logits.shape[-1]
     if vocab == 0:
         raise ValueError("logits have an empty vocabulary (last dimension is 0)")
-    bad = ~torch.isfinite(logits)
-    if bad.any():
-        kind = "NaN" if torch.isnan(logits).any() else "inf"
-        raise ValueError(f"logits contain {kind} values ({int(bad.sum())} of {logits.numel()}); "
-                         "the model output is broken, check its dtype and inputs")
+    _check_finite(logits)
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     lead = logits.shape[:-1]
     x = logits.reshape(-1, vocab).to(dtype)  # [N, V]
-    n = x.shape[0]
 
     if params.uses_history and prev_tokens is not None:
         x = _apply_penalties(x, params, prev_tokens, prompt_len, lead)
@@ -61,9 +56,8 @@ def probs_from_logits(
         x = x.clone()
         x[:, ids.to(x.device)] += vals.to(x.device)
 
-    if params.is_greedy:
-        probs = torch.zeros_like(x)
-        probs[torch.arange(n, device=x.device), x.argmax(-1)] = 1.0  # argmax: first max = lowest id
+    if params.is_greedy:  # argmax: the first max, i.e. the lowest id
+        probs = torch.zeros_like(x).scatter_(1, x.argmax(-1, keepdim=True), 1.0)
         return probs.reshape(*lead, vocab)
 
     if params.temperature != 1.0:
@@ -84,6 +78,21 @@ def probs_from_logits(
         raise ValueError("the sampling filters left no token with positive probability")
     probs = probs / total
     return probs.reshape(*lead, vocab)
+
+
+def _check_finite(logits: torch.Tensor) -> None:  # [..., V]
+    """Refuse NaN and inf logits. One reduction pass: min and max are finite exactly when every
+    value is (both propagate NaN), where isfinite's elementwise chain takes several passes and
+    a temporary per logit; the counting pass runs only to word the error."""
+    if logits.numel() == 0:
+        return
+    lo, hi = torch.aminmax(logits)
+    if bool(torch.isfinite(torch.stack((lo, hi))).all()):
+        return
+    bad = ~torch.isfinite(logits)
+    kind = "NaN" if torch.isnan(logits).any() else "inf"
+    raise ValueError(f"logits contain {kind} values ({int(bad.sum())} of {logits.numel()}); "
+                     "the model output is broken, check its dtype and inputs")
 
 
 def _top_p_threshold(probs: torch.Tensor, top_p: float,  # [N, V]

@@ -125,9 +125,18 @@ def sample(
     generator: Randomness = None,
     *,
     domain: int = DOMAIN_SAMPLE,
+    greedy: bool = False,
 ) -> torch.Tensor:  # [B] long
-    """Draw one token per row from `probs` with the row's own randomness."""
+    """Draw one token per row from `probs` with the row's own randomness.
+
+    greedy=True: every row is a one-hot (temperature 0, `probs_from_logits`), so the draw is its
+    hot index, the very token the inverse CDF gives for any uniform. With RowStreams no uniform
+    is computed (counter-based: skipping one moves no later draw) and no float64 CDF is built;
+    a torch.Generator still draws its uniform, so its later draws stay where they were.
+    """
     if probs.dim() != 2:
         raise ValueError(f"probs must be [B, V], got shape {tuple(probs.shape)}")
+    if greedy and isinstance(generator, RowStreams):
+        return probs.argmax(-1)
     u = uniforms(generator, probs.shape[0], 1, domain, probs.device)[:, 0]
     return sample_from_weights(probs, u)

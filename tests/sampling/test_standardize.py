@@ -119,6 +119,24 @@ def test_non_finite_logits_rejected(bad, word):
         probs_from_logits(logits, SamplingParams())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("where", [0, 4_000, 49_151])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0)])
+def test_one_non_finite_logit_anywhere_is_found(dtype, bad, where, params):
+    """The finiteness check is one min / max pass: a single NaN, inf or -inf at the first, a
+    middle or the last id of a large vocabulary, in any row and dtype, is refused with the
+    count; huge finite logits (min and max far apart) pass."""
+    logits = torch.randn(3, 49_152).to(dtype)
+    logits[2, where] = bad
+    with pytest.raises(ValueError, match=r"(NaN|inf) values \(1 of 147456\)"):
+        probs_from_logits(logits, params)
+    edge = torch.zeros(2, 8, dtype=dtype)
+    edge[0, 0], edge[1, 7] = torch.finfo(dtype).max, torch.finfo(dtype).min
+    assert torch.isfinite(probs_from_logits(edge, params)).all()
+    assert probs_from_logits(torch.zeros(0, 5, dtype=dtype), params).shape == (0, 5)
+
+
 def test_bad_types_and_history():
     with pytest.raises(TypeError):
         probs_from_logits(torch.zeros(2, 3), {"temperature": 1.0})

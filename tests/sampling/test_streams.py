@@ -33,3 +33,24 @@ def test_inverse_cdf_never_picks_zero_weight():
     assert sample_from_weights(w, u).tolist() == [1, 1, 3, 3, 3]
     tokens = sample(w / w.sum(-1, keepdim=True), torch.Generator().manual_seed(0))
     assert set(tokens.tolist()) <= {1, 3}
+
+
+def test_greedy_draw_is_the_inverse_cdf_draw_of_a_one_hot():
+    """sample(greedy=True) on greedy p (one-hots from probs_from_logits) gives the token the
+    inverse CDF gives, for any uniform; a torch.Generator still draws (its state moves as
+    before). On a p that is not a one-hot the shortcut would differ: it is only for T = 0."""
+    from exactspec.sampling import SamplingParams, probs_from_logits
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(64, 500, generator=g) * 2
+    logits[5, 7] = logits[5, 9] = logits[5].max() + 1  # a tie: the lowest id
+    p = probs_from_logits(logits, SamplingParams(temperature=0))  # [64, 500] one-hots
+    streams = RowStreams.from_seed(11, 64)
+    fast = sample(p, streams, greedy=True)
+    assert torch.equal(fast, sample(p, streams))
+    assert fast[5] == 7
+    a, b = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    assert torch.equal(sample(p, a, greedy=True), sample(p, b))
+    assert torch.equal(torch.rand(3, generator=a), torch.rand(3, generator=b))
+    soft = probs_from_logits(logits, SamplingParams(temperature=1))
+    assert not torch.equal(sample(soft, streams, greedy=True), sample(soft, streams))
