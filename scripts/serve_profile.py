@@ -59,11 +59,13 @@ def decoder(model, drafter, k) -> Decoder:
     b = dec.batch
     timed(b.target, "extend", "target forward (extend)")
     timed(b.target, "prefill", "target prefill")
+    timed(b.target, "select", "target select (rows left)")
     if drafter is not None:
         timed(b.drafter, "propose", "draft propose")
         timed(b.drafter, "admit", "draft admit")
         timed(b.drafter, "begin", "draft begin")
         timed(b.policy, "choose", "policy choose")
+        timed(b.drafter, "select", "draft select (rows left)")
     return dec
 
 
@@ -84,6 +86,25 @@ def instrument_gguf(drafter) -> None:
     inner._decode_chunk = counted
 
 
+def instrument_torch_draft(drafter) -> None:
+    """Count the tokens (rows x width, padding included) the torch draft's forwards run."""
+    ad = getattr(drafter, "_adapter", None)
+    if ad is None or getattr(ad.extend, "_counted", False):
+        return
+    extend = ad.extend
+
+    def counted(tokens, **kw):
+        COUNTS["torch draft tokens run"] += int(tokens.numel())
+        t0 = time.perf_counter()
+        try:
+            return extend(tokens, **kw)
+        finally:
+            TIMES["torch draft forward"] += time.perf_counter() - t0
+
+    counted._counted = True
+    ad.extend = counted
+
+
 def run(dec, prompts, streams, requests, max_tokens, temperature):
     params = SamplingParams(temperature=temperature)
     left = [requests] * streams
@@ -98,6 +119,7 @@ def run(dec, prompts, streams, requests, max_tokens, temperature):
     step_s = 0.0
     while pending or dec.rows:
         instrument_gguf(dec.batch.drafter)
+        instrument_torch_draft(dec.batch.drafter)
         rows = []
         for s in pending:
             i = requests * s + (requests - left[s])
