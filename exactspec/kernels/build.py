@@ -36,6 +36,7 @@ ISA_FLAGS = {  # unit -> its instruction-set flags
 # linked against the libgomp torch already loaded (same soname), so torch.set_num_threads
 # governs our threads as well
 OPS_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
+OPS_SOURCES = ("ops.cpp", "ops_act.cpp", "ops_layer.cpp")  # the torch operators' units
 
 
 def build_dir() -> Path:
@@ -50,7 +51,7 @@ def digest() -> str:
     for p in sorted(CSRC.iterdir()):
         h.update(p.name.encode())
         h.update(p.read_bytes())
-    h.update(repr((COMMON, ISA_FLAGS, OPS_FLAGS, torch.__version__, sys.version_info[:2])).encode())
+    h.update(repr((COMMON, ISA_FLAGS, OPS_FLAGS, OPS_SOURCES, torch.__version__, sys.version_info[:2])).encode())
     return h.hexdigest()[:12]
 
 
@@ -95,7 +96,7 @@ def _build(verbose: bool) -> Path:
             subprocess.run(cmd, check=True)
             tmp.replace(obj)
         objects.append(str(obj))
-    cpp_extension.load(name=name, sources=[str(CSRC / "ops.cpp"), str(CSRC / "ops_act.cpp")],
+    cpp_extension.load(name=name, sources=[str(CSRC / f) for f in OPS_SOURCES],
                        extra_cflags=OPS_FLAGS,
                        extra_ldflags=[*objects, "-fopenmp"], build_directory=str(out),
                        is_python_module=False, verbose=verbose)

@@ -30,6 +30,7 @@ def _load() -> bool:
                 build()
             _register_fakes()
             _register_act_fakes()
+            _register_layer_fake()
             _STATE["loaded"] = True
         except (OSError, RuntimeError, ImportError, subprocess.CalledProcessError) as exc:
             _STATE["loaded"] = False
@@ -162,3 +163,25 @@ def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [M, 2I] -> [M, I]
     """gelu(gate, approximate="tanh") * up for gate_up = [gate | up] (GeGLU), computed as
     gate / (1 + exp(-2u)) with our exp, the same bits at any width and on every ISA."""
     return torch.ops.exactspec.gelu_tanh_mul(gate_up)
+
+
+# ---- one decoder layer (csrc/ops_layer.cpp): the operators above in one call ----
+
+def _register_layer_fake() -> None:
+    @torch.library.register_fake("exactspec::decoder_layer")
+    def _decoder_layer(x, *args):
+        return torch.empty_like(x)
+
+
+def decoder_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,  # -> [M, H]
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, write_start: int,
+                  write_index: torch.Tensor | None, view_len: int, mask: torch.Tensor | None,
+                  batch: int, layer_args: tuple) -> torch.Tensor:
+    """One decoder layer of the lean forward on x [B * T, H] (rows by row, then token): the
+    per-operator sequence of `lean_kernels.forward_kernels` in one call (the same functions,
+    the same bits). cos / sin [M, d]; the layer's SlotCache buffers [B, kv, C, d], written at
+    slots write_start.. (>= 0: every row alike) or `write_index` [B, T], attended over their
+    first `view_len` slots under `mask` ([B, 1, T, S] bool or None: all visible).
+    `layer_args`: the layer's weights and shapes, `lean_kernels.layer_args`."""
+    return torch.ops.exactspec.decoder_layer(x, cos, sin, k_cache, v_cache, write_start,
+                                             write_index, view_len, mask, batch, *layer_args)

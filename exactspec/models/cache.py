@@ -29,12 +29,7 @@ class SlotCache(Cache):
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         # key_states, value_states: [B, H, T, D]
-        while len(self.keys) <= layer_idx:
-            self.keys.append(None)
-            self.values.append(None)
-        if self.keys[layer_idx] is None or self.keys[layer_idx].shape[2] < self.view_len:
-            self._grow(layer_idx, key_states, value_states)
-        k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        k_buf, v_buf = self.buffers(layer_idx, key_states, value_states)
         t = key_states.shape[2]
         if self.write_start is not None:
             k_buf[:, :, self.write_start : self.write_start + t] = key_states
@@ -45,6 +40,19 @@ class SlotCache(Cache):
             k_buf.scatter_(2, idx, key_states)
             v_buf.scatter_(2, idx, value_states)
         return k_buf[:, :, : self.view_len], v_buf[:, :, : self.view_len]
+
+    def buffers(self, layer_idx: int, like: torch.Tensor, value_like: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole [B, H, capacity, D] key and value buffers of a layer, grown to hold
+        `view_len` slots; `update` writes them, and so does an operator that writes and reads
+        them itself (kernels.decoder_layer). `like` / `value_like`: [B, H, T, D] states of the
+        buffers' dtype and device (values: as keys when not given)."""
+        while len(self.keys) <= layer_idx:
+            self.keys.append(None)
+            self.values.append(None)
+        if self.keys[layer_idx] is None or self.keys[layer_idx].shape[2] < self.view_len:
+            self._grow(layer_idx, like, like if value_like is None else value_like)
+        return self.keys[layer_idx], self.values[layer_idx]
 
     def _grow(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.capacity = max(self.capacity, self.view_len)

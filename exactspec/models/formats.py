@@ -115,20 +115,32 @@ class Matrix:
         """(residual +) x @ W^T on our own batch-invariant kernel (exactspec.kernels.linear):
         each output element's value depends on its row of x and column of W only. int4 (no
         kernel of ours) runs its torch product, not batch-invariant."""
-        if self.parts is not None:
-            return kernel_linear(x, self.parts, None, residual)
-        if self.fmt == "bfloat16" and self.packed:
-            return kernel_linear(x, [self.weight], None, residual)
-        if self.fmt == "int8" and self.kernel_qweight is not None:
-            # int16 activations, exact integer sums (kernels.linear_w8a16): 2-2.5x the float
-            # activation product's speed at one row (the int8 self-draft's step)
-            return linear_w8a16(x, self.kernel_qweight, self.kernel_scales, residual)
-        if self.fmt == "int8" and self.qweight is not None and self.kernel_scales is not None:
-            return kernel_linear(x, [self.qweight], self.kernel_scales, residual)
-        if self.ref_weight is not None:
-            return kernel_linear(x, [self.ref_weight], None, residual)
+        args = self.kernel_args()
+        if args is not None:
+            weights, scales = args
+            if weights[0].dim() == 4:
+                # int8 packed: int16 activations, exact integer sums (kernels.linear_w8a16):
+                # 2-2.5x the float activation product's speed at one row (the self-draft's step)
+                return linear_w8a16(x, weights[0], scales, residual)
+            return kernel_linear(x, weights, scales, residual)
         y = self(x).float()
         return y if residual is None else residual + y
+
+    def kernel_args(self) -> tuple[list[torch.Tensor], torch.Tensor | None] | None:
+        """(weights, scales) of the product `kernel` runs, as the fused decoder-layer operator
+        takes them (kernels.decoder_layer: a 4-dim int8 weight is linear_w8a16's packing), or
+        None where `kernel` has no kernel of ours (int4: torch's product)."""
+        if self.parts is not None:
+            return self.parts, None
+        if self.fmt == "bfloat16" and self.packed:
+            return [self.weight], None
+        if self.fmt == "int8" and self.kernel_qweight is not None:
+            return [self.kernel_qweight], self.kernel_scales
+        if self.fmt == "int8" and self.qweight is not None and self.kernel_scales is not None:
+            return [self.qweight], self.kernel_scales
+        if self.ref_weight is not None:
+            return [self.ref_weight], None
+        return None
 
     def dequantized(self) -> torch.Tensor:  # [out, in] float32
         """The weight this matrix multiplies by, in float32 (the reference for every kernel)."""

@@ -19,6 +19,7 @@ from exactspec.models.cache import SlotCache
 
 log = logging.getLogger(__name__)
 
+FUSED = True  # one operator per decoder layer where every product has a kernel (tests: False)
 ROPE_CHUNK = 64  # positions per table fill; 64 * head_dim (<= 256) < torch's grain of 32768
 STATIC_ROPE = ("default", "linear", "llama3", "yarn", "ntk")  # inv_freq fixed per model
 
@@ -67,7 +68,19 @@ def forward_kernels(lean, tokens: torch.Tensor, positions: torch.Tensor, cache: 
              for kind in {layer.kind for layer in lean.layers}}
     act = kernels.silu_mul if lean.arch.act == "silu" else kernels.gelu_tanh_mul
     norm = kernels.rms_norm
-    for i, layer in enumerate(lean.layers):
+    fused = fused_layer_args(lean) if FUSED else None
+    if fused is not None:  # one operator per layer: the loop below in C++, the same bits
+        like = x.new_empty(b, kv, t, d)  # the cache's dtype and shape per layer
+        start = -1 if cache.write_start is None else cache.write_start
+        index = None if cache.write_start is not None else cache.write_index
+        for i, layer in enumerate(lean.layers):
+            if want is not None and i in want:
+                states[i] = x
+            k_buf, v_buf = cache.buffers(i, like)  # [B, kv, C, d]
+            cos, sin = ropes[layer.kind]
+            x = kernels.decoder_layer(x, cos, sin, k_buf, v_buf, start, index, cache.view_len,
+                                      lean.mask_of(mask, layer.kind), b, fused[i])
+    for i, layer in enumerate(lean.layers if fused is None else ()):
         if want is not None and i in want:
             states[i] = x
         eps = layer.eps
@@ -113,3 +126,22 @@ def forward_kernels(lean, tokens: torch.Tensor, positions: torch.Tensor, cache: 
     logits = lean.head.kernel(norm(x, norm_w, norm_eps))  # [B * T', V]
     logits = logits.view(b, -1, logits.shape[-1])  # [B, T', V]
     return logits if feats is None else (logits, feats)
+
+
+def fused_layer_args(lean) -> list[tuple] | None:
+    """Per kept layer, the static arguments of `kernels.decoder_layer` (weights, norms, shapes),
+    built once per LeanLlama; None when a product has no kernel of ours (int4)."""
+    if not hasattr(lean, "_fused_args"):
+        lean._fused_args = None
+        args = []
+        for layer in lean.layers:
+            products = [m.kernel_args() for m in layer.matrices]
+            if any(p is None for p in products):
+                return None
+            (qkv, qkv_s), (o, o_s), (gate_up, gate_up_s), (down, down_s) = products
+            args.append((layer.norm_in, layer.eps, qkv, qkv_s, layer.qkv_bias, layer.q_norm,
+                         layer.k_norm, lean.heads, lean.kv_heads, lean.head_dim, lean.scaling,
+                         o, o_s, layer.norm_attn_out, layer.norm_mlp_in, gate_up, gate_up_s,
+                         0 if lean.arch.act == "silu" else 1, down, down_s, layer.norm_mlp_out))
+        lean._fused_args = args
+    return lean._fused_args

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "isa.h"
+#include "ops.h"
 
 namespace exactspec {
 namespace {
@@ -100,6 +101,8 @@ struct Task {
   int64_t col;         // its first output column
   int64_t r0, r1;      // rows of the part in this task
 };
+
+}  // namespace
 
 at::Tensor linear(const at::Tensor& x_, at::TensorList weights,
                   const c10::optional<at::Tensor>& scales,
@@ -215,11 +218,14 @@ at::Tensor linear_w8a16(const at::Tensor& x_, const at::Tensor& w, const at::Ten
   return y;
 }
 
+namespace {
 template <class F>
 void over_rows(int64_t M, int64_t work_per_row, F f) {
   if (M > 1 && M * work_per_row >= kParallelWork) at::parallel_for(0, M, 1, f);
   else f(0, M);
 }
+
+}  // namespace
 
 at::Tensor rms_norm(const at::Tensor& x_, const at::Tensor& w_, double eps) {
   check_f32_rows(x_, "x", 2);
@@ -314,8 +320,6 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   else run(0, n);
   return o;
 }
-
-}  // namespace
 
 const Isa& current_unit() { return isa(); }
 

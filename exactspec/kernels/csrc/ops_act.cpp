@@ -6,11 +6,14 @@
 #include <torch/library.h>
 
 #include "isa.h"
+#include "ops.h"
 
 namespace exactspec {
 namespace {
 
 constexpr int64_t kParallelWork = 1 << 16;  // as ops.cpp: enough work to wake a second thread
+
+}  // namespace
 
 at::Tensor gelu_tanh_mul(const at::Tensor& g_) {
   TORCH_CHECK(g_.device().is_cpu() && g_.scalar_type() == at::kFloat && g_.dim() == 2,
@@ -28,8 +31,6 @@ at::Tensor gelu_tanh_mul(const at::Tensor& g_) {
   else run(0, M);
   return y;
 }
-
-}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(exactspec, m) {
   m.def("gelu_tanh_mul(Tensor gate_up) -> Tensor");

@@ -1,0 +1,20 @@
+// The operators of ops.cpp and ops_act.cpp as C++ functions, for operators that compose them
+// (ops_layer.cpp's decoder layer): the same code, hence the same bits, without the dispatcher.
+#pragma once
+#include <ATen/ATen.h>
+
+namespace exactspec {
+
+at::Tensor linear(const at::Tensor& x, at::TensorList weights,
+                  const c10::optional<at::Tensor>& scales,
+                  const c10::optional<at::Tensor>& residual);
+at::Tensor linear_w8a16(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales,
+                        const c10::optional<at::Tensor>& residual);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
+at::Tensor silu_mul(const at::Tensor& gate_up);
+at::Tensor gelu_tanh_mul(const at::Tensor& gate_up);
+void rope_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t heads);
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const c10::optional<at::Tensor>& mask, double scale);
+
+}  // namespace exactspec

@@ -1,0 +1,80 @@
+"""The fused decoder-layer operator (`kernels.decoder_layer`, csrc/ops_layer.cpp) computes the
+same bits as the per-operator loop it replaces (`lean_kernels.forward_kernels` with FUSED off),
+for every architecture of lean_arch.ARCHS (q/k/v bias, q/k norms, sandwich norms, GeGLU,
+sliding windows), every weight format with a kernel (float32, bfloat16, int8's w8a16), ragged
+rows (the cache written by index) and aligned ones (written from one slot), and the features
+EAGLE reads; and a layer it is given wrong (a norm dropped) changes the logits, so the
+comparison can fail."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exactspec import kernels
+from exactspec.models import lean_kernels
+from exactspec.models.adapter import TargetAdapter
+from exactspec.models.lean import lean_forward_for
+from tests.models.test_lean_architectures import CASES, model_of
+
+pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="the kernels are not built here")
+
+
+def _run(model, fused: bool, fmt: str | None = None) -> list[torch.Tensor]:
+    """Features of a ragged prefill (EAGLE's layers), logits of a 3-token extension of it (the
+    cache written by index) and of two one-token steps of aligned rows (written from one slot)."""
+    lean_kernels.FUSED = fused
+    try:
+        forward = None if fmt is None else lean_forward_for(model, fmt)
+        g = torch.Generator().manual_seed(5)
+        prompts = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (9, 2, 6)]
+        ragged = TargetAdapter(model, forward=forward)
+        out = [ragged.prefill(prompts, capacity=32, hidden_layers=(0, 1, -1))]
+        out.append(ragged.extend(torch.randint(0, 40, (3, 3), generator=g)))
+        aligned = TargetAdapter(model, forward=forward)
+        aligned.prefill([prompts[0], prompts[0][::-1]], capacity=32)
+        for _ in range(2):
+            assert aligned.lengths.tolist() == [aligned.lengths[0]] * 2
+            out.append(aligned.extend(torch.randint(0, 40, (2, 1), generator=g)))
+            aligned.commit(torch.tensor([1, 1]))
+        return out
+    finally:
+        lean_kernels.FUSED = True
+
+
+@pytest.mark.parametrize("fmt", [None, "int8"], ids=["own-dtype", "int8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_fused_layer_gives_the_per_operator_bits(name, dtype, fmt):
+    model = model_of(name, seed=4, vocab=40).to(dtype)
+    lean = lean_forward_for(model, fmt)
+    assert lean.kernels and lean_kernels.fused_layer_args(lean) is not None
+    ref = _run(model, fused=False, fmt=fmt)
+    got = _run(model, fused=True, fmt=fmt)
+    for a, b in zip(ref, got, strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_a_wrong_fused_layer_is_caught():
+    """The comparison above can fail: the second layer's MLP norm replaced by ones."""
+    model = model_of("llama", seed=4, vocab=40)
+    ref = _run(model, fused=False)
+    lean = lean_forward_for(model)
+    args = list(lean_kernels.fused_layer_args(lean)[1])
+    args[14] = torch.ones_like(args[14])  # norm_mlp_in
+    lean._fused_args[1] = tuple(args)
+    got = _run(model, fused=True)
+    assert torch.equal(ref[0][..., :64], got[0][..., :64])  # the embeddings: before the layers
+    assert not torch.equal(ref[1], got[1])
+
+
+def test_a_product_without_a_kernel_keeps_the_per_operator_loop(monkeypatch):
+    """A product with no kernel of ours (packed int4 runs torch's) means no fused arguments:
+    the per-operator loop runs, and its logits are those of FUSED off."""
+    model = model_of("llama", seed=4, vocab=40)
+    lean = lean_forward_for(model)
+    monkeypatch.setattr(type(lean.layers[1].o), "kernel_args", lambda self: None)
+    lean.__dict__.pop("_fused_args", None)
+    assert lean_kernels.fused_layer_args(lean) is None
+    assert all(torch.equal(a, b) for a, b in zip(_run(model, fused=True),
+                                                  _run(model, fused=False), strict=True))
