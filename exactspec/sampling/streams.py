@@ -44,6 +44,21 @@ def _mix(z: torch.Tensor) -> torch.Tensor:
     return z ^ _shr(z, 31)
 
 
+_COLUMNS: dict[tuple[int, int, torch.device], torch.Tensor] = {}  # see _columns
+
+
+def _columns(n: int, domain: int, device: torch.device) -> torch.Tensor:  # [1, n] int64
+    """The hashed column ids of a domain, `_mix(column + (domain << 32))`: constants, kept."""
+    key = (n, domain, device)
+    cols = _COLUMNS.get(key)
+    if cols is None:
+        if len(_COLUMNS) > 4096:  # many widths (trees, large n): start over, never grow unbounded
+            _COLUMNS.clear()
+        cols = _mix(torch.arange(n, dtype=torch.long, device=device)[None, :] + (domain << 32))
+        _COLUMNS[key] = cols
+    return cols
+
+
 class RowStreams:
     """Per-row counter-based random streams for a batch.
 
@@ -53,6 +68,9 @@ class RowStreams:
     def __init__(self, seeds: torch.Tensor, steps: torch.Tensor | None = None) -> None:
         self.seeds = seeds.long()  # [B] one 64-bit seed per row
         self.steps = torch.zeros_like(self.seeds) if steps is None else steps.long()  # [B]
+        # the step's row keys [B, 1], with copies of the seeds and steps they were hashed from
+        # (`advance`, or any other change of either, makes them stale)
+        self._key: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def from_seed(cls, seed: int, num_rows: int, device: torch.device | str = "cpu") -> RowStreams:
@@ -81,10 +99,17 @@ class RowStreams:
             self.steps[rows.to(self.steps.device)] += 1
 
     def uniform(self, n: int, domain: int) -> torch.Tensor:  # [B, n] float64 in [0, 1)
-        """n uniforms per row for this step and domain; column j does not depend on n."""
-        cols = torch.arange(n, dtype=torch.long, device=self.seeds.device)
-        key = _mix(self.seeds ^ _mix(self.steps))[:, None]  # [B, 1]
-        z = _mix(key ^ _mix(cols[None, :] + (domain << 32)))  # [B, n]
+        """n uniforms per row for this step and domain; column j does not depend on n.
+
+        The row keys are hashed once per step (every draw of a step shares them) and the column
+        hashes once per (n, domain, device): one mix per call instead of four, the same bits.
+        """
+        held = self._key
+        if (held is None or held[1].shape != self.steps.shape
+                or not torch.equal(held[1], self.steps) or not torch.equal(held[0], self.seeds)):
+            key = _mix(self.seeds ^ _mix(self.steps))[:, None]  # [B, 1]
+            held = self._key = self.seeds.clone(), self.steps.clone(), key
+        z = _mix(held[2] ^ _columns(n, domain, self.seeds.device))  # [B, n]
         return _shr(z, 11).to(torch.float64) * (1.0 / (1 << 53))
 
 

@@ -54,3 +54,31 @@ def test_greedy_draw_is_the_inverse_cdf_draw_of_a_one_hot():
     assert torch.equal(torch.rand(3, generator=a), torch.rand(3, generator=b))
     soft = probs_from_logits(logits, SamplingParams(temperature=1))
     assert not torch.equal(sample(soft, streams, greedy=True), sample(soft, streams))
+
+
+def test_cached_keys_give_the_uncached_bits_and_follow_every_change():
+    """uniform() hashes a step's row keys once and a domain's columns once: the bits equal
+    the four-mix formula's, and advancing (all rows or some), selecting rows, or changing a
+    seed or a step in place gives the new step's numbers, not stale ones."""
+    from exactspec.sampling.streams import _mix, _shr
+
+    def direct(s: RowStreams, n: int, domain: int) -> torch.Tensor:
+        cols = torch.arange(n, dtype=torch.long)
+        key = _mix(s.seeds ^ _mix(s.steps))[:, None]
+        z = _mix(key ^ _mix(cols[None, :] + (domain << 32)))
+        return _shr(z, 11).to(torch.float64) * (1.0 / (1 << 53))
+
+    s = RowStreams.from_seed(5, 6)
+    for change in (lambda: None, lambda: s.advance(), lambda: s.advance(torch.tensor([1, 4])),
+                   lambda: s.steps.__setitem__(2, 40), lambda: s.seeds.__setitem__(0, 99)):
+        change()
+        for n, domain in ((1, 3), (4, 64), (1, 65), (7, 1)):
+            assert torch.equal(s.uniform(n, domain), direct(s, n, domain))
+    sub = s.select(torch.tensor([5, 2]))
+    assert torch.equal(sub.uniform(3, 2), direct(sub, 3, 2))
+    with torch.inference_mode():  # the engine's mode: no version counters to lean on
+        t = RowStreams.from_seed(8, 3)
+        first = t.uniform(2, 1)
+        t.advance()
+        assert not torch.equal(t.uniform(2, 1), first)
+        assert torch.equal(t.uniform(2, 1), direct(t, 2, 1))
