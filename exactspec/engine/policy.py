@@ -48,13 +48,16 @@ class DraftLengthPolicy:
     even guess that kept one-stream serving plain for most of each answer. Row b's room r_b
     caps its drafts (its token budget and the context). The B rows share one forward, padded
     to the widest row, and one drafting pass of as many positions, so a step costs
-    c(K) = K' * draft_cost(B) + target_cost(B, K' + 1) + o with K' = max_b min(K, r_b) and o
+    c = K' * draft_cost(n) + target_cost(B, K' + 1) + o with K' = max_b k_b, n the rows
+    drafting and o
     the step's time outside both (verification, sampling, the caller's loop: the time between
     two choices less the measured parts, which plain decoding pays per token), whatever
-    each row drafts below K'. Given that shared width a row's extra drafts are free and only
-    add expected tokens, so row b drafts k_b = min(K, r_b), and K in 0..AUTO_MAX_DRAFT
-    maximises the batch's tokens per second, sum_b expected_tokens(alpha_b, min(K, r_b)) /
-    (c(K) + s(K)): s(K), the switch, is the catch-up of the tokens the drafter has not seen
+    each row drafts below K'. Per row: the n rows of highest acceptance draft k_b = min(K, r_b)
+    and the others none (within the shared width a row's drafts cost the verify nothing, but
+    the draft's cost is measured by the number of rows drafting: a row accepting little is not
+    worth its positions), and (K in 0..AUTO_MAX_DRAFT, n in 1..B) maximise the batch's tokens
+    per second, sum_b expected_tokens(alpha_b, k_b) / (c + s): s, the switch, is the catch-up
+    of the tokens the drafter has not seen
     (rows that decoded plain, prompts not yet drafted for: `lag`) at the measured seconds per
     caught-up token, spread over the steps the batch would keep drafting (its rows' mean room
     over the tokens a step emits). A row near its budget adds no gain for drafts it cannot
@@ -133,22 +136,40 @@ class DraftLengthPolicy:
         self._probe_step = False
         if not self.auto or not self.draft_cost or not self.target_cost:
             return self._note(torch.minimum(torch.full((b,), self.fixed, dtype=torch.long), room))
+        if not b:
+            return self._note(torch.zeros(0, dtype=torch.long))
         alpha = self.alphas()  # [B]
         ks = torch.arange(0, AUTO_MAX_DRAFT + 1, dtype=torch.long)  # [Kc]
-        per_row = torch.minimum(ks[None, :], room[:, None])  # [B, Kc] drafts row b can use
-        width = per_row.amax(0) if b else ks  # [Kc] shared draft positions K'
-        drafting = (per_row > 0).sum(0)  # [Kc] rows that draft
-        cost = torch.tensor([w * self._draft_cost(int(n)) + self._target_cost(rows, w + 1)
-                             + self.overhead
-                             for w, n in zip(width.tolist(), drafting.tolist(), strict=True)],
-                            dtype=torch.float64)  # [Kc]
-        tokens = expected_tokens(alpha[:, None], per_row.double()).sum(0)  # [Kc]
+        # the rows that draft: the n most accepting (n = 1..B), each min(K, its room); the
+        # others draft nothing (a row accepting little is not worth its draft positions)
+        order = torch.argsort(alpha, descending=True, stable=True)  # [B]
+        per_row = torch.minimum(ks[None, :], room[order][:, None])  # [B, Kc] by acceptance
+        gain = expected_tokens(alpha[order][:, None], per_row.double()) - 1  # [B, Kc]
+        tokens_n = b + gain.cumsum(0)  # [B, Kc] tokens when the top n + 1 rows draft
+        width_n = per_row.cummax(0).values  # [B, Kc] shared draft positions K'
+        drafting_n = (per_row > 0).long().cumsum(0)  # [B, Kc] rows that draft
+        draft = self._draft_costs(b)  # [B + 1] seconds per draft position by rows drafting
+        verify = torch.tensor([self._target_cost(rows, w + 1) for w in range(AUTO_MAX_DRAFT + 1)],
+                              dtype=torch.float64)  # [Kc] by K'
+        cost_n = width_n * draft[drafting_n] + verify[width_n] + self.overhead  # [B, Kc]
         catch_up = self.catch_up_cost if self.catch_up_cost is not None \
             else CATCH_UP_PRIOR * self._draft_cost(1)
-        if b:  # catching the drafter up, spread out
-            lagging = ((per_row > 0).double() * self.lag.double()[:, None]).sum(0)  # [Kc]
-            horizon = (room.double().mean() * b / tokens).clamp(min=1.0)  # [Kc] steps
-            cost = cost + catch_up * lagging / horizon
+        # catching the drafter up on the rows that draft, spread over the steps they keep
+        # drafting (the rows' mean room over the tokens a step emits)
+        lagging = ((per_row > 0).double() * self.lag.double()[order][:, None]).cumsum(0)
+        horizon = (room.double().mean() * b / tokens_n).clamp(min=1.0)  # [B, Kc] steps
+        cost_n = cost_n + catch_up * lagging / horizon
+        best = (tokens_n / cost_n).argmax(0)  # [Kc] top rows drafting (n - 1) at each K
+        tokens = tokens_n.gather(0, best[None]).squeeze(0)  # [Kc]
+        cost = cost_n.gather(0, best[None]).squeeze(0)  # [Kc]
+        width = width_n.gather(0, best[None]).squeeze(0)  # [Kc]
+
+        def lengths(k: int) -> torch.Tensor:  # [B] long: each row's drafts at K = k
+            want = torch.zeros(b, dtype=torch.long)
+            top = order[: int(best[k]) + 1]
+            want[top] = per_row[: int(best[k]) + 1, k]
+            return want
+
         k = int((tokens / cost).argmax())
         if k == 0 and self._probing:  # a probe's second step: the one whose cost counts
             self._probing -= 1
@@ -175,7 +196,7 @@ class DraftLengthPolicy:
                 elif k < AUTO_MAX_DRAFT and (rows, int(width[k + 1]) + 1) not in self.target_cost:
                     k += 1  # the next wider verify is a guess here (a line through the measured
                     # ones overestimates it on CPUs): measure it, then the costs decide
-        return self._note(torch.minimum(torch.full((b,), k, dtype=torch.long), room))
+        return self._note(lengths(k))
 
     def _time_overhead(self) -> None:
         """The step's time outside drafting and the target forward (verification, sampling,
@@ -218,6 +239,13 @@ class DraftLengthPolicy:
             n0, t0 = same[0]
             return t0 * _along(model, n) / max(_along(model, n0), 1e-12)
         return _along(model, n)
+
+    def _draft_costs(self, rows: int) -> torch.Tensor:  # [rows + 1] float64
+        """_draft_cost(n) for n = 0..rows drafting rows."""
+        points = sorted(self.draft_cost.items())
+        return torch.tensor([0.0] + [self.draft_cost[n] if n in self.draft_cost
+                                     else _along(points, n) for n in range(1, rows + 1)],
+                            dtype=torch.float64)
 
     def _draft_cost(self, rows: int) -> float:
         if rows == 0:

@@ -47,9 +47,11 @@ def test_cheap_drafts_and_high_acceptance_draft_long():
 
 
 def test_the_batch_shares_the_k_that_maximises_its_total_rate():
-    # one row accepts nearly everything, one nothing: wider forwards still pay off for the batch
+    # one row accepts nearly everything, one nothing: wider forwards still pay off for the
+    # batch, and the row accepting nothing drafts nothing (its draft positions cost, one row
+    # drafting is cheaper than two, and gain nothing)
     pol = _policy([500, 0], [5, 200], draft_cost=1e-5, target_costs={1: 0.010, 5: 0.011})
-    assert pol.choose().tolist() == [AUTO_MAX_DRAFT, AUTO_MAX_DRAFT]
+    assert pol.choose().tolist() == [AUTO_MAX_DRAFT, 0]
     # ... unless the rows that gain are too few for the cost of the wider forward
     pol = _policy([500] + [0] * 7, [5] + [200] * 7, draft_cost=1e-5,
                   target_costs={1: 0.010, 5: 0.030})
@@ -115,22 +117,32 @@ def test_rows_that_cannot_use_drafts_do_not_pay_for_a_wide_forward():
 
 
 def test_per_row_lengths_are_capped_by_each_rows_room_and_brute_force_optimal():
+    """Per row: the n most accepting rows draft min(K, room), the others nothing; (K, n)
+    maximise the batch's rate. Brute force over both, with the draft cost read for n drafting
+    rows from the one measured at four (y0 (0.5 + 0.5 n / 4)): the row accepting 12% stops."""
     alpha_counts = [(90, 3), (60, 20), (5, 40), (90, 3)]
     room = torch.tensor([8, 2, 8, 1])
     pol = _policy([a for a, _ in alpha_counts], [r for _, r in alpha_counts], 5e-4,
                   {1: 0.010, 9: 0.013})
     chosen = pol.choose(room).tolist()
     alphas = [(acc + 1) / (acc + rej + 2) for acc, rej in alpha_counts]
+    order = sorted(range(4), key=lambda i: -alphas[i])  # stable: ties keep batch order
 
-    def rate(kk):
-        used = [min(kk, int(r)) for r in room]
-        width = max(used)
-        cost = width * 5e-4 + 0.010 + (0.003 / 8) * width  # the line through widths 1 and 9
+    def lengths(kk, n):
+        return [min(kk, int(room[i])) if i in order[:n] else 0 for i in range(4)]
+
+    def rate(kk, n):
+        used = lengths(kk, n)
+        width, drafting = max(used), sum(u > 0 for u in used)
+        per_position = 5e-4 * (0.5 + 0.5 * drafting / 4) if drafting else 0.0
+        cost = width * per_position + 0.010 + (0.003 / 8) * width  # the line through 1 and 9
         return sum((1 - a ** (u + 1)) / (1 - a) for a, u in zip(alphas, used, strict=True)) / cost
 
-    best = max(range(AUTO_MAX_DRAFT + 1), key=rate)
-    assert best > 2  # the rows with room draft beyond the others' caps
-    assert chosen == [min(best, int(r)) for r in room]
+    best = max(((kk, n) for kk in range(AUTO_MAX_DRAFT + 1) for n in range(1, 5)),
+               key=lambda kn: rate(*kn))
+    assert best[0] > 2  # the rows with room draft beyond the others' caps
+    assert chosen == lengths(*best)
+    assert chosen[2] == 0 and chosen[0] > 2  # the row accepting 12% does not draft
 
 
 def test_first_measurements_and_catch_up_steps_are_not_costs():
