@@ -94,6 +94,14 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
   // (bf16 / int8 weights need registers for their conversion: 4 rows, as below; the int8
   // one-row step took 21 / 23 / 29 ms CPU at 4 / 8 / 16 rows)
   constexpr int NR1 = (WT == W_F32 || ES_NR1 <= 4) ? ES_NR1 : 4;
+  if (M == 1 && WT == W_F32) {
+    // one row, float32: one weight row after another, so memory is read as one sequential
+    // stream (the rows' chains overlap out of order); measured on the AVX-512 EPYC, 2 threads,
+    // smollm2's 121 products: 20.2 / 21.1 / 21.5 ms against 24.1 / 26.4 / 21.5 ms for 16 rows
+    // streamed side by side (3 alternating runs); the same bits, as every tile's
+    for (int64_t n = n0; n < n1; ++n) tile<WT, 1, 1>(x, K, w, scale, y, ldy, n, false);
+    return;
+  }
   if (M <= ES_ROWS_NR1) {
     int64_t n = n0;
     for (; n + NR1 <= n1; n += NR1)
