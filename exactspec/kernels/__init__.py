@@ -9,7 +9,7 @@ run by `make run` / `make test`), registered with torch.library as `torch.ops.ex
 
 ops.py      the Python side: the operators (linear, attention, ...) and the ISA switch
 build.py    compiling `csrc/` for this CPU (`__main__.py`: `python -m exactspec.kernels`)
-csrc/       the C++: ops.cpp (registration), ops_layer.cpp (one decoder layer in one call),
+csrc/       the C++: ops.cpp (registration), ops_layer.cpp (the decoder layers in one call),
             isa.h / impl.h (the fixed reduction order),
             isa_*.cpp and vec_*.h per instruction set (avx512, avx2, portable)
 """
@@ -18,9 +18,10 @@ from exactspec.kernels.ops import (
     attention,
     available_isas,
     current_isa,
-    decoder_layer,
+    decoder_stack,
     enabled,
     gelu_tanh_mul,
+    layer_stack,
     linear,
     linear_w8a16,
     pack_int8,
@@ -30,5 +31,6 @@ from exactspec.kernels.ops import (
     silu_mul,
 )
 
-__all__ = ["attention", "available_isas", "current_isa", "decoder_layer", "enabled", "gelu_tanh_mul", "linear",
-           "linear_w8a16", "pack_int8", "rms_norm", "rope_", "set_isa", "silu_mul"]
+__all__ = ["attention", "available_isas", "current_isa", "decoder_stack", "enabled",
+           "gelu_tanh_mul", "layer_stack", "linear", "linear_w8a16", "pack_int8", "rms_norm",
+           "rope_", "set_isa", "silu_mul"]

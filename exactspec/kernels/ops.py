@@ -165,23 +165,46 @@ def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [M, 2I] -> [M, I]
     return torch.ops.exactspec.gelu_tanh_mul(gate_up)
 
 
-# ---- one decoder layer (csrc/ops_layer.cpp): the operators above in one call ----
+# ---- the decoder layers in one call (csrc/ops_layer.cpp) ----
 
 def _register_layer_fake() -> None:
-    @torch.library.register_fake("exactspec::decoder_layer")
-    def _decoder_layer(x, *args):
-        return torch.empty_like(x)
+    # (shapes only; tracing it under torch.compile would also need a fake LayerStack class,
+    # which holds the weights: the lean forward is not compiled)
+    @torch.library.register_fake("exactspec::decoder_stack")
+    def _decoder_stack(stack, x, *args):
+        keep = args[-1]
+        return [torch.empty_like(x) for _ in range(1 + len(keep))]
 
 
-def decoder_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,  # -> [M, H]
-                  k_cache: torch.Tensor, v_cache: torch.Tensor, write_start: int,
+def layer_stack(layers: list[tuple]) -> torch.ScriptObject:
+    """A LayerStack of decoder layers for `decoder_stack`; each entry is the arguments of
+    LayerStack.add: norm_in, eps, qkv, qkv_scales, qkv_bias, q_norm, k_norm, heads, kv_heads,
+    head_dim, scale, o, o_scales, norm_attn_out, norm_mlp_in, gate_up, gate_up_scales, act
+    (0 SiLU, 1 GELU-tanh), down, down_scales, norm_mlp_out, local (1: sliding window). A
+    product is a list of weights with optional per-column scales (kernels.linear), or one
+    int8 tensor packed by pack_int8 with its scales (linear_w8a16)."""
+    stack = torch.classes.exactspec.LayerStack()
+    for args in layers:
+        stack.add(*args)
+    return stack
+
+
+def decoder_stack(stack: torch.ScriptObject, x: torch.Tensor,  # -> [M, H], [inputs of keep]
+                  rope: tuple[torch.Tensor, torch.Tensor],
+                  rope_local: tuple[torch.Tensor, torch.Tensor] | None,
+                  k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], write_start: int,
                   write_index: torch.Tensor | None, view_len: int, mask: torch.Tensor | None,
-                  batch: int, layer_args: tuple) -> torch.Tensor:
-    """One decoder layer of the lean forward on x [B * T, H] (rows by row, then token): the
-    per-operator sequence of `lean_kernels.forward_kernels` in one call (the same functions,
-    the same bits). cos / sin [M, d]; the layer's SlotCache buffers [B, kv, C, d], written at
-    slots write_start.. (>= 0: every row alike) or `write_index` [B, T], attended over their
-    first `view_len` slots under `mask` ([B, 1, T, S] bool or None: all visible).
-    `layer_args`: the layer's weights and shapes, `lean_kernels.layer_args`."""
-    return torch.ops.exactspec.decoder_layer(x, cos, sin, k_cache, v_cache, write_start,
-                                             write_index, view_len, mask, batch, *layer_args)
+                  mask_local: torch.Tensor | None, batch: int,
+                  keep: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Every layer of `stack` on x [B * T, H] (rows by row, then token): the per-operator
+    sequence of `lean_kernels.forward_kernels` in one call (the same functions, the same
+    bits). rope: cos, sin [M, d] (rope_local: a sliding-window layer's, Gemma 3); layer i's
+    SlotCache buffers [B, kv, C, d] are written at slots write_start.. (>= 0: every row alike)
+    or `write_index` [B, T], and attended over their first `view_len` slots under `mask`
+    (`mask_local` for sliding-window layers; [B, 1, T, S] bool, or None: all visible).
+    Returns the last layer's output and the input of each layer in `keep` (increasing)."""
+    cos_l, sin_l = rope_local if rope_local is not None else (None, None)
+    out = torch.ops.exactspec.decoder_stack(stack, x, rope[0], rope[1], cos_l, sin_l, k_caches,
+                                            v_caches, write_start, write_index, view_len, mask,
+                                            mask_local, batch, keep)
+    return out[0], out[1:]

@@ -68,19 +68,21 @@ def forward_kernels(lean, tokens: torch.Tensor, positions: torch.Tensor, cache: 
              for kind in {layer.kind for layer in lean.layers}}
     act = kernels.silu_mul if lean.arch.act == "silu" else kernels.gelu_tanh_mul
     norm = kernels.rms_norm
-    fused = fused_layer_args(lean) if FUSED else None
-    if fused is not None:  # one operator per layer: the loop below in C++, the same bits
+    stack = layer_stack(lean) if FUSED else None
+    if stack is not None:  # the loop below in one C++ call: the same bits
         like = x.new_empty(b, kv, t, d)  # the cache's dtype and shape per layer
-        start = -1 if cache.write_start is None else cache.write_start
-        index = None if cache.write_start is not None else cache.write_index
-        for i, layer in enumerate(lean.layers):
-            if want is not None and i in want:
-                states[i] = x
-            k_buf, v_buf = cache.buffers(i, like)  # [B, kv, C, d]
-            cos, sin = ropes[layer.kind]
-            x = kernels.decoder_layer(x, cos, sin, k_buf, v_buf, start, index, cache.view_len,
-                                      lean.mask_of(mask, layer.kind), b, fused[i])
-    for i, layer in enumerate(lean.layers if fused is None else ()):
+        bufs = [cache.buffers(i, like) for i in range(len(lean.layers))]  # [B, kv, C, d] each
+        keep = sorted(j for j in want if j < len(lean.layers)) if want is not None else []
+        local = "sliding_attention"
+        x, kept = kernels.decoder_stack(
+            stack, x, ropes.get("full_attention", ropes.get(local)), ropes.get(local),
+            [k for k, _ in bufs], [v for _, v in bufs],
+            -1 if cache.write_start is None else cache.write_start,
+            None if cache.write_start is not None else cache.write_index, cache.view_len,
+            lean.mask_of(mask, "full_attention") if "full_attention" in ropes else None,
+            lean.mask_of(mask, local) if local in ropes else None, b, keep)
+        states.update(zip(keep, kept, strict=True))
+    for i, layer in enumerate(lean.layers if stack is None else ()):
         if want is not None and i in want:
             states[i] = x
         eps = layer.eps
@@ -128,20 +130,26 @@ def forward_kernels(lean, tokens: torch.Tensor, positions: torch.Tensor, cache: 
     return logits if feats is None else (logits, feats)
 
 
-def fused_layer_args(lean) -> list[tuple] | None:
-    """Per kept layer, the static arguments of `kernels.decoder_layer` (weights, norms, shapes),
-    built once per LeanLlama; None when a product has no kernel of ours (int4)."""
-    if not hasattr(lean, "_fused_args"):
-        lean._fused_args = None
-        args = []
-        for layer in lean.layers:
-            products = [m.kernel_args() for m in layer.matrices]
-            if any(p is None for p in products):
-                return None
-            (qkv, qkv_s), (o, o_s), (gate_up, gate_up_s), (down, down_s) = products
-            args.append((layer.norm_in, layer.eps, qkv, qkv_s, layer.qkv_bias, layer.q_norm,
-                         layer.k_norm, lean.heads, lean.kv_heads, lean.head_dim, lean.scaling,
-                         o, o_s, layer.norm_attn_out, layer.norm_mlp_in, gate_up, gate_up_s,
-                         0 if lean.arch.act == "silu" else 1, down, down_s, layer.norm_mlp_out))
-        lean._fused_args = args
-    return lean._fused_args
+def layer_args(lean) -> list[tuple] | None:
+    """Per kept layer, the arguments of `kernels.layer_stack` (weights, norms, shapes), or None
+    when a product has no kernel of ours (int4's packed product)."""
+    args = []
+    for layer in lean.layers:
+        products = [m.kernel_args() for m in layer.matrices]
+        if any(p is None for p in products):
+            return None
+        (qkv, qkv_s), (o, o_s), (gate_up, gate_up_s), (down, down_s) = products
+        args.append((layer.norm_in, layer.eps, qkv, qkv_s, layer.qkv_bias, layer.q_norm,
+                     layer.k_norm, lean.heads, lean.kv_heads, lean.head_dim, lean.scaling,
+                     o, o_s, layer.norm_attn_out, layer.norm_mlp_in, gate_up, gate_up_s,
+                     0 if lean.arch.act == "silu" else 1, down, down_s, layer.norm_mlp_out,
+                     int(layer.kind == "sliding_attention")))
+    return args
+
+
+def layer_stack(lean):
+    """The LayerStack of `lean`'s layers (built once per LeanLlama), or None (`layer_args`)."""
+    if not hasattr(lean, "_stack"):
+        args = layer_args(lean)
+        lean._stack = None if args is None else kernels.layer_stack(args)
+    return lean._stack

@@ -1,11 +1,15 @@
-// One decoder layer of the lean forward as one operator (`exactspec::decoder_layer`): the same
+// The decoder layers of the lean forward as one operator (`exactspec::decoder_stack`): the same
 // sequence of the same operators as exactspec/models/lean_kernels.py's per-operator loop
 // (RMSNorm, fused q/k/v product, bias, q / k norms, RoPE, the SlotCache write, attention, the
 // output product with its residual, the MLP), called as C++ functions (ops.h), so the same
 // bits; what it saves is the per-operator cost of Python and the dispatcher (~20 calls per
-// layer, 3.6 ms of a 25 ms smollm2 step and a third of the int8 draft's step, measured).
+// layer: 3.6 ms of a 25 ms smollm2 step and a third of the int8 draft's step, measured), and
+// a layer stack (LayerStack, built once per forward) keeps the weights' arguments in C++.
 #include <ATen/ATen.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
+
+#include <vector>
 
 #include "ops.h"
 
@@ -30,40 +34,56 @@ at::Tensor add_normed(const at::Tensor& x, const at::Tensor& y,
   return x + rms_norm(y, *norm, eps);
 }
 
+// one decoder layer's weights and shapes (the static arguments of lean_kernels.layer_args)
+struct Layer {
+  at::Tensor norm_in;
+  double eps;
+  std::vector<at::Tensor> qkv;
+  c10::optional<at::Tensor> qkv_scales, qkv_bias, q_norm, k_norm;
+  int64_t heads, kv_heads, head_dim;
+  double scale;
+  std::vector<at::Tensor> o;
+  c10::optional<at::Tensor> o_scales, norm_attn_out;
+  at::Tensor norm_mlp_in;
+  std::vector<at::Tensor> gate_up;
+  c10::optional<at::Tensor> gate_up_scales;
+  int64_t act;  // 0 = SiLU, 1 = GELU (tanh)
+  std::vector<at::Tensor> down;
+  c10::optional<at::Tensor> down_scales, norm_mlp_out;
+  int64_t local;  // 1: a sliding-window layer (takes the local RoPE and mask), else 0
+};
+
+// the per-step arguments every layer shares
+struct Step {
+  int64_t batch, write_start, view_len;
+  const c10::optional<at::Tensor>* write_index;
+};
+
 // x [M, H] float32 (M = B * T rows, row-major by row then token); cos / sin [M, d]; the
 // layer's SlotCache buffers k_cache / v_cache [B, kv, C, d] float32, written at slots
 // write_start.. (every row alike, >= 0) or write_index [B, T], then attended over their first
-// view_len slots under mask ([B, 1, T, S] / [B, T, S] bool, or none: all visible). act: 0 =
-// SiLU, 1 = GELU (tanh). Returns the layer's output [M, H].
-at::Tensor decoder_layer(
-    const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
-    const at::Tensor& v_cache, int64_t write_start, const c10::optional<at::Tensor>& write_index,
-    int64_t view_len, const c10::optional<at::Tensor>& mask, int64_t batch,
-    const at::Tensor& norm_in, double eps, at::TensorList qkv,
-    const c10::optional<at::Tensor>& qkv_scales, const c10::optional<at::Tensor>& qkv_bias,
-    const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm,
-    int64_t heads, int64_t kv_heads, int64_t head_dim, double scale, at::TensorList o,
-    const c10::optional<at::Tensor>& o_scales, const c10::optional<at::Tensor>& norm_attn_out,
-    const at::Tensor& norm_mlp_in, at::TensorList gate_up,
-    const c10::optional<at::Tensor>& gate_up_scales, int64_t act, at::TensorList down,
-    const c10::optional<at::Tensor>& down_scales,
-    const c10::optional<at::Tensor>& norm_mlp_out) {
-  TORCH_CHECK(x.dim() == 2 && batch > 0 && x.size(0) % batch == 0,
-              "decoder_layer: x must be [B * T, H] with B = ", batch, ", got ", x.sizes());
-  const int64_t m = x.size(0), b = batch, t = m / b;
-  const int64_t h = heads, kv = kv_heads, d = head_dim;
+// view_len slots under mask ([B, 1, T, S] / [B, T, S] bool, or none: all visible).
+// Returns the layer's output [M, H].
+at::Tensor run_layer(const Layer& L, const at::Tensor& x, const at::Tensor& cos,
+                     const at::Tensor& sin, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const c10::optional<at::Tensor>& mask, const Step& st) {
+  TORCH_CHECK(x.dim() == 2 && st.batch > 0 && x.size(0) % st.batch == 0,
+              "decoder layer: x must be [B * T, H] with B = ", st.batch, ", got ", x.sizes());
+  const int64_t m = x.size(0), b = st.batch, t = m / b;
+  const int64_t h = L.heads, kv = L.kv_heads, d = L.head_dim;
+  const double eps = L.eps;
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(0) == b && k_cache.size(1) == kv &&
                   k_cache.size(3) == d && v_cache.sizes() == k_cache.sizes() &&
-                  view_len <= k_cache.size(2),
-              "decoder_layer: the cache must be [", b, ", ", kv, ", >= ", view_len, ", ", d,
+                  st.view_len <= k_cache.size(2),
+              "decoder layer: the cache must be [", b, ", ", kv, ", >= ", st.view_len, ", ", d,
               "], got ", k_cache.sizes());
   const c10::optional<at::Tensor> none;
-  at::Tensor y = product(rms_norm(x, norm_in, eps), qkv, qkv_scales, none);  // [M, (h+2kv) d]
-  if (qkv_bias.has_value()) y = y + *qkv_bias;
+  at::Tensor y = product(rms_norm(x, L.norm_in, eps), L.qkv, L.qkv_scales, none);
+  if (L.qkv_bias.has_value()) y = y + *L.qkv_bias;  // [M, (h + 2 kv) d]
   at::Tensor q, k;
-  if (q_norm.has_value()) {  // per-head norms: rows of d in [M * heads, d] views
-    q = rms_norm(y.slice(1, 0, h * d).reshape({m * h, d}), *q_norm, eps).view({m, h * d});
-    k = rms_norm(y.slice(1, h * d, (h + kv) * d).reshape({m * kv, d}), *k_norm, eps)
+  if (L.q_norm.has_value()) {  // per-head norms: rows of d in [M * heads, d] views
+    q = rms_norm(y.slice(1, 0, h * d).reshape({m * h, d}), *L.q_norm, eps).view({m, h * d});
+    k = rms_norm(y.slice(1, h * d, (h + kv) * d).reshape({m * kv, d}), *L.k_norm, eps)
             .view({m, kv * d});
     rope_(q, cos, sin, h);
     rope_(k, cos, sin, kv);
@@ -76,42 +96,100 @@ at::Tensor decoder_layer(
     k = yv.slice(2, h * d, (h + kv) * d).view({b, t, kv, d}).transpose(1, 2);
   }
   const at::Tensor v = y.view({b, t, -1}).slice(2, (h + kv) * d).view({b, t, kv, d}).transpose(1, 2);
-  if (write_start >= 0) {  // SlotCache.update: every row writes at the same slots
-    k_cache.narrow(2, write_start, t).copy_(k);
-    v_cache.narrow(2, write_start, t).copy_(v);
+  if (st.write_start >= 0) {  // SlotCache.update: every row writes at the same slots
+    k_cache.narrow(2, st.write_start, t).copy_(k);
+    v_cache.narrow(2, st.write_start, t).copy_(v);
   } else {
-    TORCH_CHECK(write_index.has_value(), "decoder_layer: write_start < 0 needs write_index");
-    const at::Tensor idx = write_index->view({b, 1, t, 1}).expand({b, kv, t, d});
+    TORCH_CHECK(st.write_index->has_value(), "decoder layer: write_start < 0 needs write_index");
+    const at::Tensor idx = (*st.write_index)->view({b, 1, t, 1}).expand({b, kv, t, d});
     k_cache.scatter_(2, idx, k);
     v_cache.scatter_(2, idx, v);
   }
-  at::Tensor a = attention(q, k_cache.narrow(2, 0, view_len), v_cache.narrow(2, 0, view_len),
-                           mask, scale).view({m, h * d});
-  at::Tensor out = norm_attn_out.has_value()
-                       ? add_normed(x, product(a, o, o_scales, none), norm_attn_out, eps)
-                       : product(a, o, o_scales, x);  // x + a W_o^T
-  at::Tensor g = product(rms_norm(out, norm_mlp_in, eps), gate_up, gate_up_scales, none);
-  g = act == 0 ? silu_mul(g) : gelu_tanh_mul(g);  // [M, I]
-  return norm_mlp_out.has_value()
-             ? add_normed(out, product(g, down, down_scales, none), norm_mlp_out, eps)
-             : product(g, down, down_scales, out);
+  at::Tensor a = attention(q, k_cache.narrow(2, 0, st.view_len),
+                           v_cache.narrow(2, 0, st.view_len), mask, L.scale).view({m, h * d});
+  at::Tensor out = L.norm_attn_out.has_value()
+                       ? add_normed(x, product(a, L.o, L.o_scales, none), L.norm_attn_out, eps)
+                       : product(a, L.o, L.o_scales, x);  // x + a W_o^T
+  at::Tensor g = product(rms_norm(out, L.norm_mlp_in, eps), L.gate_up, L.gate_up_scales, none);
+  g = L.act == 0 ? silu_mul(g) : gelu_tanh_mul(g);  // [M, I]
+  return L.norm_mlp_out.has_value()
+             ? add_normed(out, product(g, L.down, L.down_scales, none), L.norm_mlp_out, eps)
+             : product(g, L.down, L.down_scales, out);
+}
+
+// The kept decoder layers of one LeanLlama, built once (lean_kernels.layer_stack), so a
+// forward passes only what changes per step: one operator call for the whole stack.
+struct LayerStack : torch::CustomClassHolder {
+  std::vector<Layer> layers;
+
+  void add(at::Tensor norm_in, double eps, std::vector<at::Tensor> qkv,
+           c10::optional<at::Tensor> qkv_scales, c10::optional<at::Tensor> qkv_bias,
+           c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm, int64_t heads,
+           int64_t kv_heads, int64_t head_dim, double scale, std::vector<at::Tensor> o,
+           c10::optional<at::Tensor> o_scales, c10::optional<at::Tensor> norm_attn_out,
+           at::Tensor norm_mlp_in, std::vector<at::Tensor> gate_up,
+           c10::optional<at::Tensor> gate_up_scales, int64_t act, std::vector<at::Tensor> down,
+           c10::optional<at::Tensor> down_scales, c10::optional<at::Tensor> norm_mlp_out,
+           int64_t local) {
+    TORCH_CHECK(!q_norm.has_value() || k_norm.has_value(), "q_norm needs k_norm");
+    layers.push_back({norm_in, eps, qkv, qkv_scales, qkv_bias, q_norm, k_norm, heads, kv_heads,
+                      head_dim, scale, o, o_scales, norm_attn_out, norm_mlp_in, gate_up,
+                      gate_up_scales, act, down, down_scales, norm_mlp_out, local});
+  }
+  int64_t size() const { return static_cast<int64_t>(layers.size()); }
+};
+
+// Every layer of `stack` in turn on x [M, H]: layer i reads / writes k_caches[i] / v_caches[i]
+// and takes the global (cos, sin, mask) or, for a sliding-window layer, the local ones.
+// Returns [the last layer's output, then the input of each layer listed in `keep`].
+std::vector<at::Tensor> decoder_stack(
+    const c10::intrusive_ptr<LayerStack>& stack, const at::Tensor& x_, const at::Tensor& cos,
+    const at::Tensor& sin, const c10::optional<at::Tensor>& cos_local,
+    const c10::optional<at::Tensor>& sin_local, at::TensorList k_caches,
+    at::TensorList v_caches, int64_t write_start, const c10::optional<at::Tensor>& write_index,
+    int64_t view_len, const c10::optional<at::Tensor>& mask,
+    const c10::optional<at::Tensor>& mask_local, int64_t batch, at::IntArrayRef keep) {
+  const int64_t n = stack->size();
+  TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == n &&
+                  static_cast<int64_t>(v_caches.size()) == n,
+              "decoder_stack: one key and one value buffer per layer (", n, ")");
+  const Step st{batch, write_start, view_len, &write_index};
+  std::vector<at::Tensor> out(1);
+  at::Tensor x = x_;
+  size_t next = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    while (next < keep.size() && keep[next] == i) {
+      out.push_back(x);
+      ++next;
+    }
+    const Layer& L = stack->layers[i];
+    if (L.local)
+      TORCH_CHECK(cos_local.has_value() && sin_local.has_value(),
+                  "decoder_stack: a sliding-window layer needs the local RoPE");
+    x = run_layer(L, x, L.local ? *cos_local : cos, L.local ? *sin_local : sin, k_caches[i],
+                  v_caches[i], L.local ? mask_local : mask, st);
+  }
+  TORCH_CHECK(next == keep.size(), "decoder_stack: keep must be increasing layer indices < ", n);
+  out[0] = x;
+  return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(exactspec, m) {
+  m.class_<LayerStack>("LayerStack")
+      .def(torch::init<>())
+      .def("add", &LayerStack::add)
+      .def("size", &LayerStack::size);
   m.def(
-      "decoder_layer(Tensor x, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-      "int write_start, Tensor? write_index, int view_len, Tensor? mask, int batch, "
-      "Tensor norm_in, float eps, Tensor[] qkv, Tensor? qkv_scales, Tensor? qkv_bias, "
-      "Tensor? q_norm, Tensor? k_norm, int heads, int kv_heads, int head_dim, float scale, "
-      "Tensor[] o, Tensor? o_scales, Tensor? norm_attn_out, Tensor norm_mlp_in, "
-      "Tensor[] gate_up, Tensor? gate_up_scales, int act, Tensor[] down, Tensor? down_scales, "
-      "Tensor? norm_mlp_out) -> Tensor");
+      "decoder_stack(__torch__.torch.classes.exactspec.LayerStack stack, Tensor x, Tensor cos, "
+      "Tensor sin, Tensor? cos_local, Tensor? sin_local, Tensor(a!)[] k_caches, "
+      "Tensor(b!)[] v_caches, int write_start, Tensor? write_index, int view_len, Tensor? mask, "
+      "Tensor? mask_local, int batch, int[] keep) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(exactspec, CPU, m) {
-  m.impl("decoder_layer", decoder_layer);
+  m.impl("decoder_stack", decoder_stack);
 }
 
 }  // namespace exactspec

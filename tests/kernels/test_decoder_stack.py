@@ -1,4 +1,4 @@
-"""The fused decoder-layer operator (`kernels.decoder_layer`, csrc/ops_layer.cpp) computes the
+"""The fused decoder layers (`kernels.decoder_stack`, csrc/ops_layer.cpp) compute the
 same bits as the per-operator loop it replaces (`lean_kernels.forward_kernels` with FUSED off),
 for every architecture of lean_arch.ARCHS (q/k/v bias, q/k norms, sandwich norms, GeGLU,
 sliding windows), every weight format with a kernel (float32, bfloat16, int8's w8a16), ragged
@@ -48,7 +48,7 @@ def _run(model, fused: bool, fmt: str | None = None) -> list[torch.Tensor]:
 def test_the_fused_layer_gives_the_per_operator_bits(name, dtype, fmt):
     model = model_of(name, seed=4, vocab=40).to(dtype)
     lean = lean_forward_for(model, fmt)
-    assert lean.kernels and lean_kernels.fused_layer_args(lean) is not None
+    assert lean.kernels and lean_kernels.layer_stack(lean) is not None
     ref = _run(model, fused=False, fmt=fmt)
     got = _run(model, fused=True, fmt=fmt)
     for a, b in zip(ref, got, strict=True):
@@ -60,9 +60,9 @@ def test_a_wrong_fused_layer_is_caught():
     model = model_of("llama", seed=4, vocab=40)
     ref = _run(model, fused=False)
     lean = lean_forward_for(model)
-    args = list(lean_kernels.fused_layer_args(lean)[1])
-    args[14] = torch.ones_like(args[14])  # norm_mlp_in
-    lean._fused_args[1] = tuple(args)
+    args = lean_kernels.layer_args(lean)
+    args[1] = (*args[1][:14], torch.ones_like(args[1][14]), *args[1][15:])  # norm_mlp_in
+    lean._stack = kernels.layer_stack(args)
     got = _run(model, fused=True)
     assert torch.equal(ref[0][..., :64], got[0][..., :64])  # the embeddings: before the layers
     assert not torch.equal(ref[1], got[1])
@@ -74,7 +74,7 @@ def test_a_product_without_a_kernel_keeps_the_per_operator_loop(monkeypatch):
     model = model_of("llama", seed=4, vocab=40)
     lean = lean_forward_for(model)
     monkeypatch.setattr(type(lean.layers[1].o), "kernel_args", lambda self: None)
-    lean.__dict__.pop("_fused_args", None)
-    assert lean_kernels.fused_layer_args(lean) is None
+    lean.__dict__.pop("_stack", None)
+    assert lean_kernels.layer_stack(lean) is None
     assert all(torch.equal(a, b) for a, b in zip(_run(model, fused=True),
                                                   _run(model, fused=False), strict=True))
