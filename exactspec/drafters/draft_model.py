@@ -17,6 +17,12 @@ CROSS_VOCAB = ("for a draft with another tokenizer use es.CrossVocabDraft(model)
                "command line --cross-vocab-draft MODEL")
 
 
+# a catch-up wider than this runs in two forwards, the first keeping one position's logits
+# (a row admitted unfed catches up its whole context: [B, W, V] logits for W = 1,000 and
+# B = 16 would be 3 GB)
+LONG_CATCH_UP = 16
+
+
 def prefills_at_once(drafted_rows: int | None, rows: int) -> bool:
     """Whether a drafter fills new rows' prompts into its cache at admission: only if its
     latest step drafted for at least half the `rows` the batch then has (else the prompts are
@@ -141,6 +147,12 @@ class DraftModel:
         on = num_tokens.to(dev) > 0  # [B] rows that draft; the others are not fed (they
         # catch up when they next draft: a probe of one row does not feed the whole batch)
         feed, last = self._catch_up(context, on)
+        if feed.shape[1] > LONG_CATCH_UP:  # rows fed their whole context (admitted unfed): all
+            # but each row's last token first, keeping one position's logits, not [B, W, V]
+            self._record(torch.where(on[:, None], feed[:, :-1], -1), ad.lengths)
+            ad.extend(feed[:, :-1], logits_to_keep=1)
+            ad.commit(last * on)
+            feed, last = feed.gather(1, last[:, None]), torch.zeros_like(last)  # [B, 1]
         for j in range(k):
             self._record(torch.where(on[:, None], feed, -1), ad.lengths)
             logits = ad.extend(feed)  # [B, W, V]

@@ -77,9 +77,15 @@ def test_plain_steps_leave_a_torch_draft_idle_and_rows_admitted_then_unfed(targe
     (the others get one padding token, not kept). Counted: every draft-cache extend and each
     row's draft-cache length. Greedy rows equal plain greedy."""
     import exactspec as es
+    from exactspec.drafters.draft_model import LONG_CATCH_UP
+    from exactspec.models import adapter as adapter_module
     from tests.engine.test_admission import Counter
 
     count = Counter(monkeypatch)
+    keep: list[tuple[object, int]] = []  # (adapter, logits_to_keep) of every extend
+    counted = adapter_module.TargetAdapter.extend
+    monkeypatch.setattr(adapter_module.TargetAdapter, "extend", lambda a, tokens, **kw: (
+        keep.append((a, kw.get("logits_to_keep", 0))), counted(a, tokens, **kw))[1])
     drafter = es.QuantizedDraft(8, backend="torch")
     greedy = SamplingParams(temperature=0)
     cfg = DecodeConfig(params=greedy, max_new_tokens=2 * STEPS, num_draft_tokens="auto",
@@ -95,9 +101,10 @@ def test_plain_steps_leave_a_torch_draft_idle_and_rows_admitted_then_unfed(targe
     dec.admit(rows[2:])
     assert count.since(mark, ad) == []  # no draft prefill while the batch decodes plain
     assert ad.lengths[2:].tolist() == [0, 0]
-    probes = 0
+    probes = long_catch_ups = 0
     for _ in range(STEPS):
         mark = count.mark()
+        keep.clear()
         before = [r.output.stats.drafted for r in rows]
         dec.step()
         drafted = [r.output.stats.drafted - b for r, b in zip(rows, before, strict=True)]
@@ -106,10 +113,17 @@ def test_plain_steps_leave_a_torch_draft_idle_and_rows_admitted_then_unfed(targe
             assert calls == []  # a plain step: no draft forward at all
             continue
         probes += 1
-        assert sum(drafted) == 1 and len(calls) == 1  # one row, one token, one forward
         j = drafted.index(1)
-        assert calls[0][1] <= len(rows[j].prompt) + len(rows[j].output.tokens)  # its lag
-    assert probes >= 4
+        assert sum(drafted) == 1  # one row, one token
+        # one forward; or two where the row catches up more than LONG_CATCH_UP tokens (its
+        # context but the last token first, keeping one position's logits, not [B, W, V])
+        assert calls[-1][1] == 1 or (len(calls) == 1 and calls[0][1] <= LONG_CATCH_UP)
+        if len(calls) == 2:
+            long_catch_ups += 1
+            assert calls[0][1] >= LONG_CATCH_UP and [k for a, k in keep if a is ad] == [1, 0]
+        assert len(calls) <= 2
+        assert sum(w for _, w in calls) <= len(rows[j].prompt) + len(rows[j].output.tokens)
+    assert probes >= 4 and long_catch_ups >= 1
     probed = [r.output.stats.drafted > 0 for r in rows]
     for j in (2, 3):  # admitted while plain: cached in the draft only if a probe fed them
         assert (int(ad.lengths[j]) > 0) == probed[j]
