@@ -105,3 +105,13 @@ def test_close_to_the_float_product():
     amax = x.abs().amax(dim=1, keepdim=True).double()
     bound = (w.double().abs() * s.double()[:, None]).sum(1) * amax / 65534 * 1.001 + 1e-6
     assert ((kernels.linear_w8a16(x, kernels.pack_int8(w), s).double() - exact).abs() <= bound).all()
+
+
+def test_activations_round_half_to_even():
+    """x_q = round(x * 32767 / amax) rounds ties to even (as torch.round and nearbyint): with
+    amax = 32767 the scale is 1, so an identity weight returns x_q itself."""
+    x = torch.tensor([[2.5, 3.5, -2.5, -3.5, 0.5, 1.5, 32767.0, 7.49999, -0.5]])
+    k = x.shape[1]
+    y = kernels.linear_w8a16(x, kernels.pack_int8(torch.eye(k, dtype=torch.int8)), torch.ones(k))
+    assert torch.equal(y, torch.round(x))
+    assert y[0, :4].tolist() == [2.0, 4.0, -2.0, -4.0]
