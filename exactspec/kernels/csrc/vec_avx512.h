@@ -77,3 +77,6 @@ static inline int64_t vi_sum(VI a) {  // exact: widened to int64 before adding
   return _mm512_reduce_add_epi64(_mm512_add_epi64(lo, hi));
 }
 typedef __m512i XI;  // 32 int16 activations / weights widened to int16
+#define ES_W8_MR 4  // rows of x per int8 x int16 tile (impl_w8a16.h; 6 spills, slower)
+#define ES_W8_AHEAD 4  // groups of 4 weight rows ahead that it prefetches (0: none)
+static inline void vi_keep(__m512i& a) { __asm__("" : "+v"(a)); }
