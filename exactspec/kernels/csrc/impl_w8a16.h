@@ -21,36 +21,30 @@ constexpr int64_t KCHUNK = 4096;
 // contiguous stream (measured, one-row, AVX-512 EPYC, 2 threads: 25 GB/s against 11 GB/s
 // for four row-major rows of 576 bytes read side by side).
 
-// y[i, 4g + j] for the MR rows at xq and the 4 rows of group g (j < nr: a padded last group);
-// pf: a later group to prefetch into L2 while this one computes (or null; no effect on results)
+// y[i, 4g + j] for the MR rows at xq and the 4 rows of group g (j < nr: a padded last group)
 template <int MR>
 static void w8a16_tile(const int16_t* xq, int64_t ldx, int64_t Kp, const int8_t* wg,
                        const float* sx, const float* scale, float* y, int64_t ldy, int64_t n,
-                       int64_t nr, const int8_t* pf) {
+                       int64_t nr) {
   int64_t total[MR][4];
-  ES_UNROLL for (int i = 0; i < MR; ++i)
-    ES_UNROLL for (int j = 0; j < 4; ++j) total[i][j] = 0;
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 4; ++j) total[i][j] = 0;
   for (int64_t c0 = 0; c0 < Kp; c0 += KCHUNK) {
     const int64_t c1 = c0 + KCHUNK < Kp ? c0 + KCHUNK : Kp;
     VI acc[MR][4];
-    ES_UNROLL for (int i = 0; i < MR; ++i)
-      ES_UNROLL for (int j = 0; j < 4; ++j) acc[i][j] = vi_zero();
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < 4; ++j) acc[i][j] = vi_zero();
     for (int64_t k = c0; k < c1; k += 32) {
       const int8_t* p = wg + k * 4;  // block k / 32 of the group: [4][32]
-      if (pf) {
-        __builtin_prefetch(pf + k * 4, 0, ES_PF_LOC);
-        __builtin_prefetch(pf + k * 4 + 64, 0, ES_PF_LOC);
-      }
       XI wv[4];
-      ES_UNROLL for (int j = 0; j < 4; ++j) wv[j] = vi_w32(p + j * 32);
-      ES_UNROLL for (int i = 0; i < MR; ++i) {
+      for (int j = 0; j < 4; ++j) wv[j] = vi_w32(p + j * 32);
+      for (int i = 0; i < MR; ++i) {
         XI xv = vi_x32(xq + i * ldx + k);
-        vi_keep(xv);  // one load per row of x, not one per multiply-add
-        ES_UNROLL for (int j = 0; j < 4; ++j) acc[i][j] = vi_dot(acc[i][j], xv, wv[j]);
+        for (int j = 0; j < 4; ++j) acc[i][j] = vi_dot(acc[i][j], xv, wv[j]);
       }
     }
-    ES_UNROLL for (int i = 0; i < MR; ++i)
-      ES_UNROLL for (int j = 0; j < 4; ++j) total[i][j] += vi_sum(acc[i][j]);
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < 4; ++j) total[i][j] += vi_sum(acc[i][j]);
   }
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < nr; ++j) {
@@ -61,32 +55,20 @@ static void w8a16_tile(const int16_t* xq, int64_t ldx, int64_t Kp, const int8_t*
 }
 
 typedef void (*W8Fn)(const int16_t*, int64_t, int64_t, const int8_t*, const float*,
-                     const float*, float*, int64_t, int64_t, int64_t, const int8_t*);
-
-template <int... MR>
-static constexpr auto w8a16_table(std::integer_sequence<int, MR...>) {
-  return std::array<W8Fn, sizeof...(MR)>{w8a16_tile<MR + 1>...};
-}
+                     const float*, float*, int64_t, int64_t, int64_t);
 
 // y[m, n] for the groups g in [g0, g1) (outputs n = 4g + j < N), m in [0, M): each group
-// meets every row of x (in balanced tiles of at most ES_W8_MR rows) while in L1; the first
-// tile of a group prefetches the group ES_W8_AHEAD groups on into L2 (with one row of x, the
-// hardware prefetcher alone streams faster; none in the last groups)
+// meets every row of x while in L1
 static void linear_w8a16(const int16_t* xq, int64_t ldx, int64_t M, int64_t Kp,
                          const int8_t* w, const float* sx, const float* scale, float* y,
                          int64_t ldy, int64_t N, int64_t g0, int64_t g1) {
-  static constexpr auto table = w8a16_table(std::make_integer_sequence<int, ES_W8_MR>());
-  const int64_t tiles = (M + ES_W8_MR - 1) / ES_W8_MR;
+  static const W8Fn table[4] = {w8a16_tile<1>, w8a16_tile<2>, w8a16_tile<3>, w8a16_tile<4>};
   for (int64_t g = g0; g < g1; ++g) {
     const int64_t n = 4 * g, nr = N - n < 4 ? N - n : 4;
-    const int8_t* pf = ES_W8_AHEAD && M > 1 && g + ES_W8_AHEAD < g1
-                           ? w + (g + ES_W8_AHEAD) * 4 * Kp : nullptr;
-    int64_t m0 = 0;
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t m1 = M * (t + 1) / tiles;
-      table[m1 - m0 - 1](xq + m0 * ldx, ldx, Kp, w + g * 4 * Kp, sx + m0, scale,
-                         y + m0 * ldy, ldy, n, nr, t == 0 ? pf : nullptr);
-      m0 = m1;
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      const int64_t mr = M - m0 < 4 ? M - m0 : 4;
+      table[mr - 1](xq + m0 * ldx, ldx, Kp, w + g * 4 * Kp, sx + m0, scale, y + m0 * ldy, ldy,
+                    n, nr);
     }
   }
 }

@@ -83,6 +83,3 @@ static inline int64_t vi_sum(VI a) {  // exact: widened to int64 before adding
   for (int i = 0; i < 16; ++i) s += l[i];
   return s;
 }
-#define ES_W8_MR 4  // rows of x per int8 x int16 tile (impl_w8a16.h)
-#define ES_W8_AHEAD 0  // groups of 4 weight rows ahead that it prefetches (0: none)
-static inline void vi_keep(XI&) {}

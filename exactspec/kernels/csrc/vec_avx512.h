@@ -44,7 +44,7 @@ static inline float vhsum(V a) {
 // the tiling of the matrix product (impl.h's linear_t; no effect on any result)
 #define ES_ROWS_NR1 1  // rows of x up to which tiles of ES_NR1 are used
 #define ES_NR1 16  // columns of W per tile for one row of x
-#define ES_AHEAD1 0  // weight rows ahead that those tiles prefetch (0: none)
+#define ES_AHEAD1 16  // weight rows ahead that those tiles prefetch (0: none)
 #define ES_MR 8  // rows of x per register tile (float32 weights; 32 accumulators, a few spill)
 #define ES_MR_CONV 6  // ... for bf16 / int8 weights, whose conversion takes registers
 #define ES_NR 4  // columns of W per register tile
@@ -77,6 +77,3 @@ static inline int64_t vi_sum(VI a) {  // exact: widened to int64 before adding
   return _mm512_reduce_add_epi64(_mm512_add_epi64(lo, hi));
 }
 typedef __m512i XI;  // 32 int16 activations / weights widened to int16
-#define ES_W8_MR 4  // rows of x per int8 x int16 tile (impl_w8a16.h; 6 spills, slower)
-#define ES_W8_AHEAD 4  // groups of 4 weight rows ahead that it prefetches (0: none)
-static inline void vi_keep(__m512i& a) { __asm__("" : "+v"(a)); }
