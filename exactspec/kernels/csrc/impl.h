@@ -36,40 +36,42 @@ static inline V loadx_tail(const float* p, int64_t n) {
 }
 
 // ---- matrix product: an MR x NR tile of outputs, each its own 16-lane accumulator ----
+// (every loop over the tile is unrolled, so the accumulators live in registers)
+#define ES_UNROLL _Pragma("GCC unroll 16")
 template <int WT, int MR, int NR>
 static void tile(const float* x, int64_t K, const void* w, const float* scale, float* y,
-                 int64_t ldy, int64_t n, bool prefetch) {
+                 int64_t ldy, int64_t n, int64_t ahead) {
   V acc[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = vzero();
-  // with several rows of x (compute per weight), prefetch the next tile's weights so memory
-  // streams while this tile computes (measured: verify widths 5 / 8 cost 1.2 / 1.3 steps
-  // instead of 1.45 / 1.65 on one thread); one row is left to the hardware prefetcher.
-  // No effect on any result.
+  ES_UNROLL for (int i = 0; i < MR; ++i)
+    ES_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = vzero();
+  // ahead > 0: prefetch the weight rows `ahead` rows further on (the same tile of the next
+  // block) into L2 while this tile computes, so memory streams under the arithmetic (see
+  // linear_t); no effect on any result
   const int64_t wb = WT == W_F32 ? 4 : WT == W_BF16 ? 2 : 1;
-  const char* ahead = static_cast<const char*>(w) + (n + NR) * K * wb;
+  const char* pf = static_cast<const char*>(w) + (n + ahead) * K * wb;
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     V wv[NR];
-    if (prefetch)
-      for (int j = 0; j < NR; ++j) __builtin_prefetch(ahead + (j * K + k) * wb, 0, 3);
-    for (int j = 0; j < NR; ++j) wv[j] = loadw<WT>(w, (n + j) * K + k);
-    for (int i = 0; i < MR; ++i) {
+    if (ahead)
+      ES_UNROLL for (int j = 0; j < NR; ++j) __builtin_prefetch(pf + (j * K + k) * wb, 0, ES_PF_LOC);
+    ES_UNROLL for (int j = 0; j < NR; ++j) wv[j] = loadw<WT>(w, (n + j) * K + k);
+    ES_UNROLL for (int i = 0; i < MR; ++i) {
       V xv = vload(x + i * K + k);
-      for (int j = 0; j < NR; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
+      vkeep(xv);  // one load of x per row, not one per multiply-add
+      ES_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
     }
   }
   if (k < K) {
     const int64_t r = K - k;
     V wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = loadw_tail<WT>(w, (n + j) * K + k, r);
-    for (int i = 0; i < MR; ++i) {
+    ES_UNROLL for (int j = 0; j < NR; ++j) wv[j] = loadw_tail<WT>(w, (n + j) * K + k, r);
+    ES_UNROLL for (int i = 0; i < MR; ++i) {
       V xv = loadx_tail(x + i * K + k, r);
-      for (int j = 0; j < NR; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
+      ES_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
     }
   }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) {
+  ES_UNROLL for (int i = 0; i < MR; ++i)
+    ES_UNROLL for (int j = 0; j < NR; ++j) {
       float s = vhsum(acc[i][j]);
       if (scale) s = s * scale[n + j];
       y[i * ldy + n + j] = s;
@@ -77,22 +79,37 @@ static void tile(const float* x, int64_t K, const void* w, const float* scale, f
 }
 
 typedef void (*TileFn)(const float*, int64_t, const void*, const float*, float*, int64_t, int64_t,
-                       bool);
-#define ES_ROW(WT, i) {tile<WT, i, 1>, tile<WT, i, 2>, tile<WT, i, 3>, tile<WT, i, 4>}
+                       int64_t);
 
+// table[mr - 1][nr - 1] = tile<WT, mr, nr> for mr <= ES_MR, nr <= ES_NR
+template <int WT, int MR, int... NR>
+static constexpr auto tile_row(std::integer_sequence<int, NR...>) {
+  return std::array<TileFn, sizeof...(NR)>{tile<WT, MR, NR + 1>...};
+}
+template <int WT, int... MR>
+static constexpr auto tile_table(std::integer_sequence<int, MR...>) {
+  return std::array<std::array<TileFn, ES_NR>, sizeof...(MR)>{
+      tile_row<WT, MR + 1>(std::make_integer_sequence<int, ES_NR>())...};
+}
+
+// The tiling (none of it changes a result: each output is its own accumulator):
+// - one row of x (ES_ROWS_NR1): tiles of ES_NR1 weight rows, so that many rows stream from
+//   memory at once (measured on one AVX-512 thread, smollm2: a one-row step 42 -> 37 -> 31 ms
+//   CPU at 4 / 8 / 16), prefetching ES_AHEAD1 rows ahead into L2 (2 threads, the 121
+//   products: 20-24 -> 17-20 ms float32, 15-21 -> 11.6 ms bfloat16);
+// - more rows: the rows of x in groups of at most ES_MR (balanced: 17 rows = 6 + 6 + 5), the
+//   weights in blocks of ES_NB rows; each block meets every group in tiles of ES_NR weight
+//   rows while it is in L1 / L2, so each weight is read from memory once per call, and the
+//   first group's tiles prefetch the next block into L2 (AVX-512, 2 threads, smollm2's 121
+//   products of a step: 8 rows 26 -> 17 ms against 19 ms for one row, 17 rows 46 -> 33 ms);
+// - past ES_MB rows of x, the rows in chunks of ES_MB, each meeting 64 weight rows before the
+//   next 64, so that a chunk of x and those weights both stay in L2 (prefill), whatever range
+//   of rows the caller hands one call.
 template <int WT>
 static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const float* scale,
                      float* y, int64_t ldy, int64_t n0, int64_t n1) {
-  static const TileFn table[4][4] = {ES_ROW(WT, 1), ES_ROW(WT, 2), ES_ROW(WT, 3), ES_ROW(WT, 4)};
-  // a block of NB weight rows stays in cache while every tile of rows of x passes over it, so
-  // each weight is read from memory once per call: for the few rows of a decode / verify step
-  // one register tile of W (in L1) meets every row; for many rows a larger block (in L2)
-  const int64_t NB = M <= 16 ? ES_NR : 32;
-  // one or two rows (ES_ROWS_NR1): ES_NR1 weight rows stream from memory at once (measured
-  // on one AVX-512 thread, smollm2: a one-row step 42 -> 37 -> 31 ms CPU at 4 / 8 / 16, two
-  // rows 46 -> 43 ms; from 5 rows on, the 4 x 4 register tiles below are faster: 52 vs 61 ms)
-  // (bf16 / int8 weights need registers for their conversion: 4 rows, as below; the int8
-  // one-row step took 21 / 23 / 29 ms CPU at 4 / 8 / 16 rows)
+  static constexpr auto table = tile_table<WT>(std::make_integer_sequence<int, ES_MR>());
+  // bf16 / int8 weights need registers for their conversion: 4 rows, as below
   constexpr int NR1 = (WT == W_F32 || ES_NR1 <= 4) ? ES_NR1 : 4;
   if (M == 1 && WT == W_F32) {
     // one row, float32: one weight row after another, so memory is read as one sequential
@@ -106,16 +123,32 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
     int64_t n = n0;
     for (; n + NR1 <= n1; n += NR1)
       for (int64_t m = 0; m < M; ++m)
-        tile<WT, 1, NR1>(x + m * K, K, w, scale, y + m * ldy, ldy, n, M > 1 && m == 0);
+        tile<WT, 1, NR1>(x + m * K, K, w, scale, y + m * ldy, ldy, n,
+                         m == 0 ? ES_AHEAD1 : 0);
     n0 = n;
   }
-  for (int64_t nb = n0; nb < n1; nb += NB) {
-    const int64_t nbe = nb + NB < n1 ? nb + NB : n1;
-    for (int64_t m0 = 0; m0 < M; m0 += ES_MR) {
-      const int64_t mr = M - m0 < ES_MR ? M - m0 : ES_MR;
-      for (int64_t n = nb; n < nbe; n += ES_NR) {
-        const int64_t nr = nbe - n < ES_NR ? nbe - n : ES_NR;
-        table[mr - 1][nr - 1](x + m0 * K, K, w, scale, y + m0 * ldy, ldy, n, M > 1);
+  const int64_t cap = WT == W_F32 ? ES_MR : ES_MR_CONV;  // rows of x per tile
+  const int64_t NB = M <= 16 ? ES_NB : ES_NB_LARGE;
+  constexpr int64_t SB = 64;  // weight rows that every chunk of x meets before the next ones
+  for (int64_t sb = n0; sb < n1; sb += SB) {
+    const int64_t sbe = sb + SB < n1 ? sb + SB : n1;
+    for (int64_t mb = 0; mb < M; mb += ES_MB) {
+      const int64_t mc = M - mb < ES_MB ? M - mb : ES_MB;  // rows in this chunk
+      const int64_t groups = (mc + cap - 1) / cap;
+      for (int64_t nb = sb; nb < sbe; nb += NB) {
+        const int64_t nbe = nb + NB < sbe ? nb + NB : sbe;
+        int64_t r0 = 0;
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t r1 = mc * (g + 1) / groups, mr = r1 - r0;
+          const float* xg = x + (mb + r0) * K;
+          float* yg = y + (mb + r0) * ldy;
+          const int64_t ahead = g == 0 && mb == 0 && M > 1 ? NB : 0;
+          for (int64_t n = nb; n < nbe; n += ES_NR) {
+            const int64_t nr = nbe - n < ES_NR ? nbe - n : ES_NR;
+            table[mr - 1][nr - 1](xg, K, w, scale, yg, ldy, n, ahead);
+          }
+          r0 = r1;
+        }
       }
     }
   }

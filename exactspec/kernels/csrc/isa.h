@@ -8,7 +8,9 @@
 // how many rows share the call, on tiling, or on which thread computes it. The AVX-512, AVX2
 // and portable units implement the same arithmetic, so they agree bit for bit.
 #pragma once
+#include <array>
 #include <cstdint>
+#include <utility>
 
 namespace exactspec {
 

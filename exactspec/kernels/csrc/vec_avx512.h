@@ -41,10 +41,20 @@ static inline float vhsum(V a) {
   __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
   return _mm_cvtss_f32(s1);
 }
-#define ES_MR 4  // rows of x per register tile
-#define ES_ROWS_NR1 2  // rows of x up to which tiles of ES_NR1 are used
+// the tiling of the matrix product (impl.h's linear_t; no effect on any result)
+#define ES_ROWS_NR1 1  // rows of x up to which tiles of ES_NR1 are used
 #define ES_NR1 16  // columns of W per tile for one row of x
+#define ES_AHEAD1 16  // weight rows ahead that those tiles prefetch (0: none)
+#define ES_MR 8  // rows of x per register tile (float32 weights; 32 accumulators, a few spill)
+#define ES_MR_CONV 6  // ... for bf16 / int8 weights, whose conversion takes registers
 #define ES_NR 4  // columns of W per register tile
+#define ES_NB 16  // weight rows per block, up to 16 rows of x
+#define ES_NB_LARGE 16  // ... from 17 rows of x
+#define ES_MB 64  // rows of x per chunk
+#define ES_PF_LOC 2  // prefetch into L2 (prefetcht1): into L1 it evicts x (8 rows: 26 vs 17 ms)
+// keep a loaded vector in a register (the compiler would otherwise fold the load into every
+// multiply-add that uses it)
+static inline void vkeep(V& a) { __asm__("" : "+v"(a.v)); }
 
 // ---- 16 int32 lanes for the int8-weight x int16-activation product (impl_w8a16.h) ----
 struct VI { __m512i v; };

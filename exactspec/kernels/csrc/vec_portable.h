@@ -43,10 +43,18 @@ static inline float vhsum(V a) {
   return s2a + s2b;
 }
 #undef ES_LANES
-#define ES_MR 4
+// the tiling of the matrix product (see vec_avx512.h)
 #define ES_ROWS_NR1 1  // rows of x up to which tiles of ES_NR1 are used
 #define ES_NR1 8  // columns of W per tile for one row of x
+#define ES_AHEAD1 0
+#define ES_MR 4
+#define ES_MR_CONV 4
 #define ES_NR 4
+#define ES_NB 4
+#define ES_NB_LARGE 32
+#define ES_MB (int64_t{1} << 40)
+#define ES_PF_LOC 3
+static inline void vkeep(V&) {}
 
 // ---- 16 int32 lanes for the int8-weight x int16-activation product (impl_w8a16.h) ----
 struct VI { int32_t l[16]; };
