@@ -147,11 +147,19 @@ class DraftModel:
         on = num_tokens.to(dev) > 0  # [B] rows that draft; the others are not fed (they
         # catch up when they next draft: a probe of one row does not feed the whole batch)
         feed, last = self._catch_up(context, on)
-        if feed.shape[1] > LONG_CATCH_UP:  # rows fed their whole context (admitted unfed): all
-            # but each row's last token first, keeping one position's logits, not [B, W, V]
+        few = 2 * int(on.sum()) <= b  # a probe's row(s) in a batch decoding plain
+        if feed.shape[1] > LONG_CATCH_UP or (few and feed.shape[1] > 1):
+            # rows fed their whole context (admitted unfed), or few rows catching up: all but
+            # each row's last token first, keeping one position's logits, not [B, W, V], and
+            # over the drafting rows only when they are few (a one-row probe of a 64-row
+            # batch ran 64 rows x its context padded: a stall of ~20 s at 64 streams)
             self._record(torch.where(on[:, None], feed[:, :-1], -1), ad.lengths)
-            ad.extend(feed[:, :-1], logits_to_keep=1)
-            ad.commit(last * on)
+            if few:
+                rows = on.nonzero().flatten()
+                ad.feed_rows(rows, feed[rows, :-1], last[rows])
+            else:
+                ad.extend(feed[:, :-1], logits_to_keep=1)
+                ad.commit(last * on)
             feed, last = feed.gather(1, last[:, None]), torch.zeros_like(last)  # [B, 1]
         for j in range(k):
             self._record(torch.where(on[:, None], feed, -1), ad.lengths)

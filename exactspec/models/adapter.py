@@ -210,6 +210,40 @@ class TargetAdapter:
         assert bool((lengths <= self.lengths + self._last_width).all())
         self.lengths = lengths.to(self.device).clone()
 
+    def feed_rows(self, rows: torch.Tensor, tokens: torch.Tensor,  # [R] long, [R, T] long
+                  num_tokens: torch.Tensor) -> None:  # [R] long, 0..T
+        """Run `tokens` after the committed lengths of `rows` only and commit the first
+        `num_tokens` of each; the other rows are untouched. A forward over R rows, not the
+        whole batch padded to the widest (a drafter catching one row up in a batch of 64).
+        On batch-invariant kernels the cache gets the same bits as `extend` over every row."""
+        assert self.cache is not None, "prefill first"
+        rows = rows.to(self.device)
+        full, lengths = self.cache, self.lengths
+        need = int(lengths.index_select(0, rows).max()) + tokens.shape[1] if len(rows) else 0
+        if need > full.capacity:  # grow the whole cache first, so the rows' copy fits back
+            full.capacity = max(need, full.capacity * 3 // 2 + 64)
+        full.view_len = max(full.view_len, need)
+        for i, k in enumerate(full.keys):
+            if k is not None:
+                full.buffers(i, k[:, :, :0], full.values[i][:, :, :0])
+        sub = SlotCache(len(rows), full.capacity)
+        sub.keys = [None if k is None else k.index_select(0, rows) for k in full.keys]
+        sub.values = [None if v is None else v.index_select(0, rows) for v in full.values]
+        self.cache, self.lengths = sub, lengths.index_select(0, rows)
+        try:
+            self.extend(tokens.to(self.device), logits_to_keep=1)
+        finally:
+            self.cache, self.lengths = full, lengths
+        for i, (k, v) in enumerate(zip(sub.keys, sub.values, strict=True)):
+            if k is None:
+                continue
+            if i >= len(full.keys) or full.keys[i] is None:  # a layer first written here
+                full.buffers(i, k[:1, :, :0].expand(full.rows, -1, -1, -1),
+                             v[:1, :, :0].expand(full.rows, -1, -1, -1))
+            full.keys[i].index_copy_(0, rows, k)
+            full.values[i].index_copy_(0, rows, v)
+        self.lengths = lengths.index_add(0, rows, num_tokens.to(self.device))
+
     def select(self, rows: torch.Tensor) -> None:
         """Keep only `rows` ([R] long, repeats allowed), e.g. to drop finished rows."""
         assert self.cache is not None

@@ -73,8 +73,8 @@ def test_plain_steps_feed_the_llama_cpp_draft_nothing_and_probes_one_row(target)
 def test_plain_steps_leave_a_torch_draft_idle_and_rows_admitted_then_unfed(target, monkeypatch):
     """The torch self-draft (DraftModel's cache) under load: a step at K = 0 runs no draft
     forward; rows admitted while the batch decodes plain are not prefilled in the draft (the
-    target's prefill is the only one); a probe runs one draft forward that feeds its row alone
-    (the others get one padding token, not kept). Counted: every draft-cache extend and each
+    target's prefill is the only one); a probe catches its row up over that row alone
+    (`feed_rows`), then drafts one token (the others get one padding token, not kept). Counted: every draft-cache extend and each
     row's draft-cache length. Greedy rows equal plain greedy."""
     import exactspec as es
     from exactspec.drafters.draft_model import LONG_CATCH_UP
@@ -101,7 +101,7 @@ def test_plain_steps_leave_a_torch_draft_idle_and_rows_admitted_then_unfed(targe
     dec.admit(rows[2:])
     assert count.since(mark, ad) == []  # no draft prefill while the batch decodes plain
     assert ad.lengths[2:].tolist() == [0, 0]
-    probes = long_catch_ups = 0
+    probes = catch_ups = long_catch_ups = 0
     for _ in range(STEPS):
         mark = count.mark()
         keep.clear()
@@ -115,15 +115,17 @@ def test_plain_steps_leave_a_torch_draft_idle_and_rows_admitted_then_unfed(targe
         probes += 1
         j = drafted.index(1)
         assert sum(drafted) == 1  # one row, one token
-        # one forward; or two where the row catches up more than LONG_CATCH_UP tokens (its
-        # context but the last token first, keeping one position's logits, not [B, W, V])
-        assert calls[-1][1] == 1 or (len(calls) == 1 and calls[0][1] <= LONG_CATCH_UP)
+        # the draft step feeds one token a row; where the probed row lagged by more, it first
+        # caught up over its own row alone (feed_rows: its context but the last token,
+        # keeping one position's logits), not the batch padded to its context
+        assert calls[-1] == (len(rows), 1)
         if len(calls) == 2:
-            long_catch_ups += 1
-            assert calls[0][1] >= LONG_CATCH_UP and [k for a, k in keep if a is ad] == [1, 0]
+            catch_ups += 1
+            long_catch_ups += calls[0][1] >= LONG_CATCH_UP
+            assert calls[0][0] == 1 and [k for a, k in keep if a is ad] == [1, 0]
         assert len(calls) <= 2
         assert sum(w for _, w in calls) <= len(rows[j].prompt) + len(rows[j].output.tokens)
-    assert probes >= 4 and long_catch_ups >= 1
+    assert probes >= 4 and catch_ups >= 1 and long_catch_ups >= 1
     probed = [r.output.stats.drafted > 0 for r in rows]
     for j in (2, 3):  # admitted while plain: cached in the draft only if a probe fed them
         assert (int(ad.lengths[j]) > 0) == probed[j]

@@ -101,3 +101,39 @@ def test_unsupported_attention_is_an_error():
     model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="attention"):
         TargetAdapter(model)
+
+
+@pytest.mark.parametrize("empty_prompts", [False, True], ids=["prefilled", "unfed"])
+def test_feed_rows_equals_the_padded_batch_extend(empty_prompts):
+    """`feed_rows` runs a few rows only (a drafter's probe catching one row up in a batch): the
+    next logits of every row equal those after a padded whole-batch extend that commits the
+    same tokens (bit for bit on the kernels; within float rounding on torch's operators), and
+    the rows not fed keep their lengths; the cache grows past its capacity when it must."""
+    from tests.models.test_lean_architectures import model_of
+
+    model = model_of("llama", seed=7, vocab=40)
+    g = torch.Generator().manual_seed(8)
+    prompts = [[] if empty_prompts else torch.randint(0, 40, (n,), generator=g).tolist()
+               for n in (5, 3, 7, 2)]
+    feed = torch.randint(0, 40, (4, 9), generator=g)
+    commit = torch.tensor([0, 6, 0, 9])
+    rows = torch.tensor([1, 3])
+    nxt = torch.randint(0, 40, (4, 1), generator=g)
+    outs = []
+    for use_rows in (False, True):
+        ad = TargetAdapter(model)
+        ad.prefill(prompts, capacity=8)  # too small for the feed: both paths grow it
+        if use_rows:
+            ad.feed_rows(rows, feed[rows], commit[rows])
+        else:
+            ad.extend(feed, logits_to_keep=1)
+            ad.commit(commit)
+        outs.append((ad.lengths.clone(), ad.extend(nxt)))
+    (len_a, a), (len_b, b) = outs
+    assert torch.equal(len_a, len_b)
+    assert len_a.tolist() == [len(p) + int(c) for p, c in zip(prompts, commit, strict=True)]
+    if TargetAdapter(model).lean is not None and TargetAdapter(model).lean.kernels:
+        assert torch.equal(a, b)
+    else:
+        assert torch.allclose(a, b, atol=1e-5)
+    assert not torch.equal(a[1], outs[0][1][0])  # rows differ: the comparison can fail
