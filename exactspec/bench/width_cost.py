@@ -42,8 +42,10 @@ def time_widths(adapter: TargetAdapter, widths: list[int], batch: int, context: 
     return out
 
 
-def profile_step(adapter: TargetAdapter, width: int, context: int) -> tuple[float, float]:
-    """(total ms, share of it in matrix products) of one forward of `width` tokens, profiled."""
+def profile_step(adapter: TargetAdapter, width: int, context: int,
+                 ops: tuple[str, ...] | None = None) -> tuple[float, float]:
+    """(total ms, share of it in `ops`, default MATMUL_OPS) of one forward of `width` tokens,
+    profiled."""
     from torch.profiler import ProfilerActivity, profile
 
     prompt = [i % adapter.vocab_size for i in range(context)]
@@ -52,17 +54,19 @@ def profile_step(adapter: TargetAdapter, width: int, context: int) -> tuple[floa
     adapter.extend(tokens)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         adapter.extend(tokens)
-    return matmul_share(prof.key_averages())
+    return matmul_share(prof.key_averages(), MATMUL_OPS if ops is None else ops)
 
 
 # the profiler's matrix-product keys: torch's, and our kernels' linear (exactspec/kernels/)
 MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "exactspec::linear")
+# our kernels' decoder layers in one call: every layer's products, norms and attention inside
+LAYER_OPS = ("exactspec::decoder_stack",)
 
 
-def matmul_share(events) -> tuple[float, float]:
-    """(total ms, share in MATMUL_OPS) of profiler events (`key`, `self_cpu_time_total` in us)."""
+def matmul_share(events, ops: tuple[str, ...] = MATMUL_OPS) -> tuple[float, float]:
+    """(total ms, share in `ops`) of profiler events (`key`, `self_cpu_time_total` in us)."""
     total = sum(e.self_cpu_time_total for e in events)
-    mm = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS)
+    mm = sum(e.self_cpu_time_total for e in events if e.key in ops)
     return total / 1000, mm / max(total, 1e-9)
 
 
@@ -96,8 +100,11 @@ def main() -> None:
     if not torch.cuda.is_available():
         for w in (1, a.profile_width):
             total, share = profile_step(engines["exactspec"], w, a.context)
+            _, layers = profile_step(engines["exactspec"], w, a.context, LAYER_OPS)
             print(f"profiled exactspec forward, width {w}: {total:.1f} ms of operator time, "
-                  f"{100 * share:.0f}% in matrix products ({' / '.join(MATMUL_OPS)})")
+                  f"{100 * share:.0f}% in matrix products ({' / '.join(MATMUL_OPS)}), "
+                  f"{100 * layers:.0f}% in {LAYER_OPS[0]} (the decoder layers in one call, "
+                  "their products inside)")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from exactspec.bench import width_cost
-from exactspec.bench.width_cost import matmul_share, profile_step, time_widths
+from exactspec.bench.width_cost import LAYER_OPS, matmul_share, profile_step, time_widths
 from exactspec.models.adapter import TargetAdapter
 from tests.engine.tiny import tiny_llama
 
@@ -50,6 +50,8 @@ def test_matmul_share_counts_only_matrix_products():
               SimpleNamespace(key="aten::bmm", self_cpu_time_total=100.0)]
     total, share = matmul_share(events)
     assert total == 1.0 and share == 0.5
+    events.append(SimpleNamespace(key="exactspec::decoder_stack", self_cpu_time_total=1000.0))
+    assert matmul_share(events, LAYER_OPS) == (2.0, 0.5)  # the layers' op counted alone
 
 
 def test_profile_step_finds_the_matrix_products():
