@@ -13,6 +13,8 @@ mask built here, so transformers never has to infer positions from the cache.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import PreTrainedModel
 
@@ -226,9 +228,8 @@ class TargetAdapter:
         for i, k in enumerate(full.keys):
             if k is not None:
                 full.buffers(i, k[:, :, :0], full.values[i][:, :, :0])
-        sub = SlotCache(len(rows), full.capacity)
-        sub.keys = [None if k is None else k.index_select(0, rows) for k in full.keys]
-        sub.values = [None if v is None else v.index_select(0, rows) for v in full.values]
+        sub = copy.copy(full)  # its own lists after select: the rows' copy of every buffer
+        sub.select(rows)
         self.cache, self.lengths = sub, lengths.index_select(0, rows)
         try:
             self.extend(tokens.to(self.device), logits_to_keep=1)
