@@ -114,6 +114,9 @@ class TargetInfo:
     vocab_size: int  # width of the target's logits
     tokenizer: object | None  # the target's tokenizer, when known
     model: object | None = None  # the target's transformers model (heads share its embeddings)
+    # the target's TargetAdapter (exactspec.models.adapter): a self-draft of the same layers
+    # reads the target's KV cache of the context from it instead of prefilling its own
+    adapter: object | None = None
 
 
 @runtime_checkable

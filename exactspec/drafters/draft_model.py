@@ -54,6 +54,13 @@ class DraftModel:
     # drafts
     _drafted_rows = 1 << 30
 
+    # the target's TargetAdapter when this drafter shares the target's KV cache (a self-draft
+    # with the target's layers and cache layout, set by its `begin`): the target's cache holds
+    # every row's context but its last token (the engine's invariant), so nothing is prefilled
+    # or caught up, and the draft writes only past the target's committed length, slots the
+    # target rewrites before it reads them. None: the drafter keeps its own cache.
+    _shared = None
+
     def __init__(self, model, *, tree=None, siblings: str = "without_replacement") -> None:
         self.model = as_model(model)  # the draft LM and its tokenizer (if any)
         # branching per depth (None: chains) and how siblings are drawn (SIBLING_KINDS)
@@ -65,6 +72,13 @@ class DraftModel:
         tree = "" if self.tree is None else f", tree={self.tree}, siblings={self.siblings!r}"
         return f"DraftModel({self.model.name!r}{tree})"
 
+    @property
+    def lags_behind(self) -> bool:
+        """Whether rows this drafter does not draft for fall behind in its cache (a catch-up
+        when they next draft, which the draft-length policy charges); not when it shares the
+        target's cache."""
+        return self._shared is None
+
     def begin(self, context: DraftContext, target: TargetInfo) -> None:
         self._check_vocab(target)
         self._start(TargetAdapter(self.model.model, strict=False), context)
@@ -74,10 +88,14 @@ class DraftModel:
         theirs); while the batch decodes plain (the latest propose drafted nothing) nothing
         is prefilled: a row's context is fed when it first drafts."""
         assert self._adapter is not None and self._fed is not None, "begin() first"
-        eager = prefills_at_once(self._drafted_rows, int(context.tokens.shape[0]))
+        eager = self._shared is None and prefills_at_once(self._drafted_rows,
+                                                          int(context.tokens.shape[0]))
         prompts = [row[: int(n) - 1].tolist() if eager else [] for row, n in
                    zip(context.tokens[start:].cpu(), context.lengths[start:].cpu(), strict=True)]
-        self._adapter.admit(prompts, capacity=int(context.tokens.shape[1]))
+        if self._shared is None:
+            self._adapter.admit(prompts, capacity=int(context.tokens.shape[1]))
+        else:  # the target's new cache (admission concatenates) is read at the next propose
+            self._adapter.cache = None
         fed = torch.full((len(prompts), max(self._fed.shape[1], context.tokens.shape[1])), -1,
                          dtype=torch.long, device=self._fed.device)  # [R, S]
         for i, p in enumerate(prompts):
@@ -91,12 +109,14 @@ class DraftModel:
         """Prefill `adapter` (the draft's cache) with every row's context but its last token
         (nothing while the batch decodes plain: see `admit`)."""
         self._adapter = adapter
-        eager = prefills_at_once(self._drafted_rows, int(context.tokens.shape[0]))
+        eager = self._shared is None and prefills_at_once(self._drafted_rows,
+                                                          int(context.tokens.shape[0]))
         prompts = [
             row[: int(n) - 1].tolist() if eager else []
             for row, n in zip(context.tokens.cpu(), context.lengths.cpu(), strict=True)
         ]
-        adapter.prefill(prompts, capacity=int(context.tokens.shape[1]))
+        if self._shared is None:
+            adapter.prefill(prompts, capacity=int(context.tokens.shape[1]))
         width = context.tokens.shape[1]
         self._fed = torch.full((len(prompts), width), -1, dtype=torch.long,
                                device=adapter.device)
@@ -124,7 +144,10 @@ class DraftModel:
 
     def select(self, rows: torch.Tensor) -> None:
         assert self._adapter is not None and self._fed is not None
-        self._adapter.select(rows)
+        if self._shared is None:
+            self._adapter.select(rows)
+        else:  # the target selected its cache; the draft reads it at the next propose
+            self._adapter.cache = None
         self._fed = self._fed.index_select(0, rows.to(self._fed.device))
 
     @torch.inference_mode()
@@ -180,11 +203,19 @@ class DraftModel:
         """Roll the draft cache back to the cached prefix that agrees with the context (never
         the last token) and return what it lacks: feed [B, W] (ragged, right-padded) and the
         index of each row's last real token in it [B]. Rows off `on` are left as they are
-        and fed one padding token (not to be committed)."""
+        and fed one padding token (not to be committed). A drafter sharing the target's cache
+        takes it as it is and feeds every row its last token."""
         ad, fed = self._adapter, self._fed
         dev = ad.device
         tokens = context.tokens.to(dev)  # [B, T]
         lengths = context.lengths.to(dev)  # [B]
+        if self._shared is not None:
+            held = self._shared.lengths.to(dev)  # [B] the target's committed lengths
+            if held.shape != lengths.shape or not bool((held == lengths - 1).all()):
+                raise RuntimeError(f"the target's cache holds {held.tolist()} tokens per row, "
+                                   f"not the context but its last token ({lengths.tolist()})")
+            ad.cache, ad.lengths = self._shared.cache, held.clone()
+            return tokens.gather(1, (lengths - 1)[:, None]), torch.zeros_like(lengths)
         s = min(fed.shape[1], tokens.shape[1])
         agree = (fed[:, :s] == tokens[:, :s]).long().cumprod(1).sum(1)  # [B]
         keep = torch.minimum(torch.minimum(agree, ad.lengths), lengths - 1)

@@ -45,6 +45,9 @@ from exactspec.models.quantize_modules import quantized_copy_for
 log = logging.getLogger(__name__)
 
 BITS = {8: "int8", 4: "int4", 16: "bfloat16"}  # bits -> torch weight format
+# the lean self-draft drafts on the target's KV cache of the context (no prefill, no catch-up
+# forwards; exact: it writes only slots the target rewrites before reading); off: its own cache
+SHARE_TARGET_CACHE = True
 GGUF_TYPES = {8: "q8_0", 4: "q4_0"}  # bits -> llama.cpp GGUF type
 BACKENDS = ("auto", "torch", "llama.cpp")
 
@@ -183,6 +186,7 @@ class QuantizedDraft(DraftModel):
         self.copy = None
         self.forward = lean_forward_for(model, self.fmt, layers=self.layers,
                                         group_size=self.group_size)
+        self._shared = _cache_to_share(target.adapter, model, self.forward)
         self._start(TargetAdapter(model, forward=self.forward, strict=False), context)
 
     def propose(self, context: DraftContext, num_tokens: torch.Tensor):  # [B]
@@ -234,6 +238,19 @@ class QuantizedDraft(DraftModel):
         self._gguf, self._gguf_key = GgufDraft(path), key
         return self._gguf
 
+
+
+def _cache_to_share(adapter, model, forward: LeanLlama) -> TargetAdapter | None:
+    """The target's adapter when the quantized lean `forward` can draft on the target's own KV
+    cache (DraftModel._shared): the same model, every layer, the same cache dtype and attention
+    layout; None (a cache of its own) otherwise or when SHARE_TARGET_CACHE is off."""
+    if not SHARE_TARGET_CACHE or not isinstance(adapter, TargetAdapter):
+        return None
+    lean = adapter.lean
+    same = (lean is not None and adapter.model is model
+            and (lean.layer_ids, lean.kernels, lean.dtype)
+            == (forward.layer_ids, forward.kernels, forward.dtype))
+    return adapter if same else None
 
 
 class _TargetView:

@@ -14,6 +14,7 @@ backend only changes how often drafts are accepted and what a draft token costs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -83,7 +84,8 @@ def _cost(drafter, target: TargetInfo) -> float:
     context = DraftContext(tokens, lengths, lengths.clone(), SamplingParams(temperature=0),
                            RowStreams.from_seed(0, 1))
     want = torch.tensor([STEPS])
-    drafter.begin(context, target)
+    # a context of its own, not the target's rows: no target cache to share
+    drafter.begin(context, dataclasses.replace(target, adapter=None))
     drafter.propose(context, want)  # warm-up: the prompt's last token, first-call costs
     best = float("inf")
     for _ in range(REPEATS):  # each rolls back to the prompt: STEPS draft forwards

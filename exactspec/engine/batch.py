@@ -157,6 +157,10 @@ class BatchState:
         if self.faulted is None:  # while a fault is pending the drafter restarts later
             start = len(self.rows) - len(rows)
             self.guard(admit_rows, self.drafter, self.context(), self.info, start)
+            # a drafter that reads the target's cache never lags (no catch-up to charge)
+            self.policy.lagging = getattr(self.drafter, "lags_behind", True)
+            if not self.policy.lagging:
+                self.policy.lag.zero_()
 
     def select(self, keep: list[int]) -> None:
         """Keep only the rows at batch positions `keep`, in that order, everywhere."""

@@ -112,7 +112,7 @@ class Decoder:
         layers = None if drafter is None else drafter.hidden_layers
         self.batch = BatchState(
             adapter, drafter if drafter is not None else NoDrafter(),
-            TargetInfo(adapter.vocab_size, target.tokenizer, adapter.model),
+            TargetInfo(adapter.vocab_size, target.tokenizer, adapter.model, adapter),
             DraftLengthPolicy(k, 0), tuple(layers) if layers is not None else None, extra)
         self.batch.on_fault = on_fault
         self.rules = StepRules(

@@ -116,6 +116,9 @@ class DraftLengthPolicy:
         # otherwise the rows lag by their prompts
         self._drafted_rows: int | None = None
         self._last = None  # (perf_counter at the last choice, its step's draft + target seconds)
+        # whether the drafter falls behind on rows it does not draft for (False: a drafter that
+        # reads the target's cache, DraftModel.lags_behind, never lags: no catch-up to charge)
+        self.lagging = True
 
     def alphas(self) -> torch.Tensor:  # [B] float64
         """Each row's acceptance estimate, starting from the pooled one."""
@@ -267,6 +270,8 @@ class DraftLengthPolicy:
         # a row that drafted is caught up (but for the routine last token or two); one that
         # did not lags by the token it emitted
         self.lag = torch.where(drafted > 0, torch.zeros_like(self.lag), self.lag + accepted + 1)
+        if not self.lagging:
+            self.lag.zero_()
 
     def observe_costs(self, draft_seconds: float, num_draft: int, target_seconds: float,
                       width: int, rows: int = 1) -> None:
@@ -322,7 +327,7 @@ class DraftLengthPolicy:
         self.rejections = torch.cat([self.rejections, torch.zeros(num_rows)])
         lags = torch.tensor(prompt_lengths, dtype=torch.float64) if prompt_lengths is not None \
             else torch.ones(num_rows, dtype=torch.float64)
-        if prefills_at_once(self._drafted_rows, len(self.accepted)):
+        if not self.lagging or prefills_at_once(self._drafted_rows, len(self.accepted)):
             lags = torch.zeros(num_rows, dtype=torch.float64)
         self.lag = torch.cat([self.lag, lags])
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from exactspec import SamplingParams
-from exactspec.drafters import DraftModel, PromptLookup
+from exactspec.drafters import DraftModel, PromptLookup, quantized
 from exactspec.drafters.base import AdmitsRows
 from exactspec.drafters.gguf_draft import llama_cpp_available
 from exactspec.engine import generate
@@ -77,7 +77,9 @@ def _drafter(kind, target):
 def test_admission_prefills_only_the_new_row_in_the_draft_cache(target, kind, monkeypatch):
     """Two rows run three steps; a third is admitted: the drafter's cache runs its prompt alone
     (one call of 1 row x its prompt but the last token), not the running rows again; the next
-    step's draft catches each running row up by what it emitted only."""
+    step's draft catches each running row up by what it emitted only. (The quantized
+    self-draft with a cache of its own: on the target's cache it runs nothing, next test.)"""
+    monkeypatch.setattr(quantized, "SHARE_TARGET_CACHE", False)
     count = Counter(monkeypatch)
     seeds = _stream_seeds(MIXED, True)
     drafter = _drafter(kind, target)
@@ -104,6 +106,32 @@ def test_admission_prefills_only_the_new_row_in_the_draft_cache(target, kind, mo
     drafter.begin(dec.batch.context(), dec.batch.info)
     longest = int(dec.batch.lengths.max()) - 1
     assert count.since(mark, drafter._adapter) == [(3, longest)]
+
+
+def test_a_self_draft_on_the_target_cache_runs_nothing_at_admission(target, monkeypatch):
+    """The quantized self-draft reading the target's cache: an admission prefills the new row
+    in the target alone and runs no draft forward; the next step drafts every row one token
+    wide (no catch-up), and even a begin over the whole batch runs nothing."""
+    count = Counter(monkeypatch)
+    seeds = _stream_seeds(MIXED, True)
+    drafter = _drafter("quantized", target)
+    dec = _decoder(target, drafter)
+    rows = [dec.make_row(i, PROMPTS[i], MIXED[i], seeds[i]) for i in range(3)]
+    dec.admit(rows[:2])
+    assert drafter._shared is dec.batch.target
+    for _ in range(3):
+        dec.step()
+    ad = drafter._adapter
+    mark = count.mark()
+    dec.admit([rows[2]])
+    assert count.since(mark, ad) == []
+    assert count.since(mark, dec.batch.target) == [(1, len(PROMPTS[2]) - 1)]
+    mark = count.mark()
+    dec.step()
+    assert count.since(mark, ad) == [(3, 1)] * K  # K draft positions, one token each
+    mark = count.mark()
+    drafter.begin(dec.batch.context(), dec.batch.info)
+    assert count.calls[mark:] == []  # no forward anywhere
 
 
 def test_a_drafter_without_the_hook_is_restarted_over_the_batch(target, monkeypatch):

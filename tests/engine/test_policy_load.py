@@ -77,10 +77,12 @@ def test_plain_steps_leave_a_torch_draft_idle_and_rows_admitted_then_unfed(targe
     (`feed_rows`), then drafts one token (the others get one padding token, not kept). Counted: every draft-cache extend and each
     row's draft-cache length. Greedy rows equal plain greedy."""
     import exactspec as es
+    from exactspec.drafters import quantized
     from exactspec.drafters.draft_model import LONG_CATCH_UP
     from exactspec.models import adapter as adapter_module
     from tests.engine.test_admission import Counter
 
+    monkeypatch.setattr(quantized, "SHARE_TARGET_CACHE", False)  # its own cache, to feed
     count = Counter(monkeypatch)
     keep: list[tuple[object, int]] = []  # (adapter, logits_to_keep) of every extend
     counted = adapter_module.TargetAdapter.extend
@@ -188,14 +190,19 @@ def test_a_step_where_no_row_drafts_draws_the_chain_laws_token_at_plains_cost(me
     assert not torch.equal(other, law.tokens[:, 0])
 
 
-def test_admitted_rows_lag_by_their_prompts_unless_the_batch_drafts_for_half_its_rows(target):
+def test_admitted_rows_lag_by_their_prompts_unless_the_batch_drafts_for_half_its_rows(
+        target, monkeypatch):
     """The drafter and the policy share one rule (`prefills_at_once`): a begin or admission
     prefills the new prompts in the draft only if the latest step drafted for at least half the
     rows the batch then has. One stream drafting keeps its prefill at admission; load arriving
     after one stream (16 rows after a step drafting for one), plain steps and one-row probes
-    leave the prompts to be fed when the rows first draft, and the policy counts them as lag."""
+    leave the prompts to be fed when the rows first draft, and the policy counts them as lag.
+    (The quantized self-draft with a cache of its own; on the target's cache it never lags.)"""
     import exactspec as es
+    from exactspec.drafters import quantized
     from exactspec.drafters.draft_model import prefills_at_once
+
+    monkeypatch.setattr(quantized, "SHARE_TARGET_CACHE", False)
 
     assert prefills_at_once(1, 1) and prefills_at_once(2, 4) and prefills_at_once(1 << 30, 64)
     assert not prefills_at_once(1, 16) and not prefills_at_once(0, 1)
@@ -223,3 +230,12 @@ def test_admitted_rows_lag_by_their_prompts_unless_the_batch_drafts_for_half_its
     assert drafter._adapter.lengths[1:].tolist() == [0, 0, 0]
     drafter.begin(dec.batch.context(), dec.batch.info)
     assert drafter._adapter.lengths.tolist() == [0, 0, 0, 0]
+    assert dec.batch.policy.lagging and dec.batch.policy.lag.sum() > 0
+    # on the target's cache: nothing lags, so the policy charges no catch-up
+    monkeypatch.setattr(quantized, "SHARE_TARGET_CACHE", True)
+    dec = Decoder(target, es.QuantizedDraft(8, backend="torch"), cfg)
+    dec.admit([dec.make_row(0, PROMPTS[0], SamplingParams(temperature=0), 0)])
+    dec.step()
+    dec.admit([dec.make_row(i, p, SamplingParams(temperature=0), 0)
+               for i, p in enumerate(PROMPTS[1:], 1)])
+    assert not dec.batch.policy.lagging and dec.batch.policy.lag.tolist() == [0.0] * 4
