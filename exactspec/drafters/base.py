@@ -202,15 +202,17 @@ def admit_rows(drafter, context: DraftContext, target: TargetInfo, start: int) -
         drafter.admit(context, target, start)
 
 
-def rows_of(context: DraftContext, start: int) -> DraftContext:
-    """The rows start.. of `context` alone (what an admission hook prefills)."""
-    sel = slice(start, None)
-    streams = context.streams.select(torch.arange(start, int(context.tokens.shape[0]),
-                                                  device=context.streams.seeds.device))
+def rows_of(context: DraftContext, start: int | torch.Tensor) -> DraftContext:
+    """The rows start.. of `context` alone (what an admission hook prefills), or the rows at
+    the indices `start` ([R] long), each keeping its own random stream."""
+    sel = torch.arange(start, int(context.tokens.shape[0])) if isinstance(start, int) else start
+    streams = context.streams.select(sel)
+    sel = sel.to(context.tokens.device)
+    params = None if context.row_params is None else tuple(context.row_params[i]
+                                                           for i in sel.tolist())
     return DraftContext(context.tokens[sel], context.lengths[sel], context.prompt_lengths[sel],
                         context.params, streams,
-                        None if context.hidden is None else context.hidden[sel],
-                        None if context.row_params is None else context.row_params[sel])
+                        None if context.hidden is None else context.hidden[sel], params)
 
 
 def history(context: DraftContext, extra: torch.Tensor | None = None) -> torch.Tensor:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
-from exactspec.drafters.base import DraftContext, TargetInfo, empty_proposal
+from exactspec.drafters.base import DraftContext, TargetInfo, empty_proposal, rows_of
 from exactspec.drafters.tree_draft import draft_model_tree
 from exactspec.drafters.tree_shape import check_tree
 from exactspec.errors import InvalidValue
@@ -162,6 +164,8 @@ class DraftModel:
         self._drafted_rows = int((num_tokens > 0).sum())
         if k == 0:
             return empty_proposal(num_tokens, self.model.vocab_size, dev)  # [B, 0], [B, 0, V]
+        if self._shared is not None and 2 * self._drafted_rows <= b:
+            return self._propose_rows(context, num_tokens)
         drafts = torch.full((b, k), -1, dtype=torch.long, device=dev)  # [B, K]
         # q at each draft position, [B, V] each: every row is drawn at every position, so q is
         # stacked from them (float32, as empty_proposal's), not zero-filled and then copied into
@@ -197,6 +201,27 @@ class DraftModel:
             last = torch.zeros_like(last)
         want = torch.arange(k, device=dev)[None, :] < num_tokens.to(dev)[:, None]
         return torch.where(want, drafts, -1), torch.stack(qs, 1).float()  # [B, K], [B, K, V]
+
+    def _propose_rows(self, context: DraftContext, num_tokens: torch.Tensor):  # [B]
+        """On the target's cache, few rows drafting (a probe under load): draft over those rows
+        alone, on a copy of their cache rows (the draft's writes are scratch), not the whole
+        batch fed a token each; the others get no draft."""
+        shared, dev = self._shared, self._adapter.device
+        rows = (num_tokens.to(dev) > 0).nonzero().flatten()  # [R]
+        view = copy.copy(shared)  # the rows' cache and lengths, as the target holds them
+        view.cache = copy.copy(shared.cache)
+        view.cache.select(rows)
+        view.lengths = shared.lengths.index_select(0, rows)
+        self._shared = view
+        try:
+            drafts, q = self.propose(rows_of(context, rows), num_tokens.index_select(0, rows))
+        finally:
+            self._shared = shared
+            self._adapter.cache = None
+        self._drafted_rows = int(rows.numel())
+        all_drafts, all_q = empty_proposal(num_tokens, self.model.vocab_size, dev)
+        all_drafts[rows], all_q[rows] = drafts, q
+        return all_drafts, all_q  # [B, K], [B, K, V]
 
     def _catch_up(self, context: DraftContext, on: torch.Tensor | None = None,  # [B] bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,8 +262,11 @@ class DraftModel:
         return draft_model_tree(self, context, max_depth)
 
     def _record(self, feed: torch.Tensor, at: torch.Tensor) -> None:
-        """Remember which tokens the next extend writes into which draft cache slots."""
+        """Remember which tokens the next extend writes into which draft cache slots (a
+        drafter on the target's cache keeps no record)."""
         assert self._fed is not None
+        if self._shared is not None:
+            return
         need = int(at.max()) + feed.shape[1]
         if need > self._fed.shape[1]:
             grow = torch.full((self._fed.shape[0], need - self._fed.shape[1] + 64), -1,

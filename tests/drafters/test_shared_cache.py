@@ -115,3 +115,30 @@ def test_a_draft_writing_inside_the_target_prefix_is_caught(model, monkeypatch):
     greedy = _run(model, GREEDY, es.QuantizedDraft(8, backend="torch"))
     with pytest.raises(AssertionError):
         _assert_greedy_equal(_run(model, GREEDY), greedy, logprobs=True)
+
+
+def test_few_rows_draft_alone_on_a_copy_of_their_cache_rows(monkeypatch):
+    """A probe under load (1 of 4 rows drafts): the draft forwards run over that row alone
+    (not the batch fed a token each), the target's cache is left as it was, and the row's
+    drafts and q are the bits it gets drafting with every row (the kernels' invariance)."""
+    from exactspec.engine.loop import DecodeConfig, Decoder
+    from tests.engine.test_admission import Counter
+
+    target = _target()
+    drafter = es.QuantizedDraft(8, backend="torch")
+    cfg = DecodeConfig(params=T1[0], max_new_tokens=16, num_draft_tokens=K, verify="token",
+                       return_logprobs=False, eos_token_ids=[], stop=[], tokenizer=None)
+    dec = Decoder(target, drafter, cfg)
+    dec.admit([dec.make_row(i, p, T1[i], 100 + i) for i, p in enumerate(_prompts()[1:5])])
+    dec.step()
+    cache = dec.batch.target.cache
+    before = [t.clone() for t in cache.keys + cache.values]
+    count = Counter(monkeypatch)
+    ctx = dec.batch.context()
+    drafts, q = drafter.propose(ctx, torch.tensor([0, 3, 0, 0]))
+    assert [(b, w) for _, b, w in count.calls] == [(1, 1)] * 3  # the one row, one token wide
+    assert all(torch.equal(a, b) for a, b in zip(before, cache.keys + cache.values,
+                                                 strict=True))
+    assert (drafts[[0, 2, 3]] == -1).all() and not q[[0, 2, 3]].any()
+    every_drafts, every_q = drafter.propose(ctx, torch.tensor([3, 3, 3, 3]))
+    assert torch.equal(drafts[1], every_drafts[1]) and torch.equal(q[1], every_q[1])
