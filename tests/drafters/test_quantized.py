@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from exactspec import SamplingParams
-from exactspec.drafters import quantized_auto
+from exactspec.drafters import quantized, quantized_auto
 from exactspec.drafters.gguf_draft import llama_cpp_available
 from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.engine import generate
@@ -154,7 +154,10 @@ def test_auto_forced_by_the_environment_drafts_with_it_greedy_equals_plain(
 @pytest.mark.parametrize("bits", [8, 4])
 def test_auto_measures_once_per_target_logs_both_costs_and_uses_the_faster(
         bits, monkeypatch, caplog):
+    """Where the torch draft would keep a cache of its own (the switch off; a layer subset),
+    auto times both backends once."""
     monkeypatch.delenv(quantized_auto.ENV, raising=False)
+    monkeypatch.setattr(quantized, "SHARE_TARGET_CACHE", False)
     target = tiny_llama(0)
     prompts = [[1, 2, 3, 4], [9, 8]]
     drafter = QuantizedDraft(bits)
@@ -186,6 +189,24 @@ def test_auto_measures_once_per_target_logs_both_costs_and_uses_the_faster(
     assert [g.token_ids for g in out] == [g.token_ids for g in plain]
 
 
+@NEEDS_LLAMA_CPP
+def test_auto_takes_the_torch_draft_on_the_target_cache_unmeasured(monkeypatch, caplog):
+    """The torch draft on the target's cache prefills and catches up nothing, which a per-token
+    timing does not see: auto takes it without timing llama.cpp (unless the environment
+    forces a backend, tested above)."""
+    monkeypatch.delenv(quantized_auto.ENV, raising=False)
+    target = tiny_llama(1)
+    drafter = QuantizedDraft(8)
+    with caplog.at_level(logging.INFO, logger=quantized_auto.__name__):
+        out = generate(target, [[1, 2, 3, 4], [9, 8]], drafter=drafter, params=GREEDY,
+                       max_new_tokens=16, num_draft_tokens=4)
+    assert drafter.backend == "torch" and drafter._shared is not None
+    assert not [r for r in caplog.records if r.name == quantized_auto.__name__]
+    assert target not in quantized_auto.COSTS and drafter._gguf is None
+    plain = generate(target, [[1, 2, 3, 4], [9, 8]], params=GREEDY, max_new_tokens=16)
+    assert [g.token_ids for g in out] == [g.token_ids for g in plain]
+
+
 def test_auto_env_value_is_checked(monkeypatch):
     monkeypatch.setenv(quantized_auto.ENV, "cuda")
     with pytest.raises(ValueError, match=r"EXACTSPEC_QUANTIZED_BACKEND='cuda'"):
@@ -206,8 +227,9 @@ def test_auto_keeps_torch_where_llama_cpp_cannot_run(monkeypatch):
 def test_auto_uses_the_backend_measured_faster(faster, monkeypatch, caplog):
     """Both outcomes of the measurement, made deterministic by a stand-in timer: the faster
     backend drafts (the other's llama.cpp copy is freed), the log line says so, greedy ==
-    plain."""
+    plain. (The torch draft with a cache of its own: on the target's it is taken unmeasured.)"""
     monkeypatch.delenv(quantized_auto.ENV, raising=False)
+    monkeypatch.setattr(quantized, "SHARE_TARGET_CACHE", False)
     timed = []
 
     def cost(drafter, target):

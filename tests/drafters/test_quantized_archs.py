@@ -24,7 +24,7 @@ from exactspec import SamplingParams
 from exactspec.audit import target_law
 from exactspec.audit.stats import chi_square
 from exactspec.audit.world import _contexts, logits_table
-from exactspec.drafters import quantized_auto
+from exactspec.drafters import quantized, quantized_auto
 from exactspec.drafters.gguf_draft import GgufDraft, llama_cpp_available
 from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.engine import generate
@@ -75,8 +75,10 @@ def test_auto_forced_to_llama_cpp_drafts_with_it(model_type, monkeypatch):
 @pytest.mark.parametrize("model_type", ["qwen2", "gemma3_text"])
 def test_auto_measures_both_and_uses_the_faster(model_type, faster, monkeypatch, caplog):
     """Both outcomes of auto's measurement (a stand-in timer): both backends were timed, the
-    faster drafts (the slower llama.cpp copy is freed), greedy == plain."""
+    faster drafts (the slower llama.cpp copy is freed), greedy == plain. (The torch draft with
+    a cache of its own: on the target's, auto takes it unmeasured.)"""
     monkeypatch.delenv(quantized_auto.ENV, raising=False)
+    monkeypatch.setattr(quantized, "SHARE_TARGET_CACHE", False)
     timed = []
 
     def cost(drafter, info):
