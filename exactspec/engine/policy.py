@@ -26,6 +26,11 @@ CATCH_UP_PRIOR = 0.15
 # plain's cost at a row count is measured (one plain step) unless drafting's rate beats plain's
 # guessed rate by this factor (the guess would have to be that far off to turn the choice)
 PLAIN_MARGIN = 1.5
+# from this many rows a batch decodes plain until plain's step is measured near its row count
+# (within a quarter): a plain step loses nothing against plain serving, while guessing plain's
+# cost from a verify's (one point, half fixed) made it look 2x dearer at 64 rows than it was,
+# and drafting 64 rows ran at 0.55x plain's speed (es.generate, 64 rows x 64 tokens, 01:00 UTC)
+PLAIN_FIRST_ROWS = 4
 
 
 def expected_tokens(alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -108,6 +113,10 @@ class DraftLengthPolicy:
         # (rows drafting, their lag) of the step chosen last; None: not chosen here (trees)
         self._chosen: tuple[int, float] | None = None
         self.overhead = 0.0  # seconds a step spends outside the draft and the target forward
+        # ... by (rows, verify width): verification and sampling grow with the positions (top-p
+        # sorts each: 0.21 s a step at 64 rows x 5, T=0.7 / top-p 0.9, charged to plain steps
+        # too when it was one number, which made drafting 64 rows look faster than plain)
+        self.overheads: dict[tuple[int, int], float] = {}
         self._probe_step = False  # the step chosen last is a probe's
         self._probe_excess = 0.0  # seconds the current probe cost beyond plain steps so far
         self._probe_cost = 0.0  # ... and what the last whole probe cost
@@ -115,7 +124,8 @@ class DraftLengthPolicy:
         # rows at once only into a batch drafting for half its rows (`prefills_at_once`);
         # otherwise the rows lag by their prompts
         self._drafted_rows: int | None = None
-        self._last = None  # (perf_counter at the last choice, its step's draft + target seconds)
+        # (perf_counter at the last choice, its step's draft + target seconds, (rows, width))
+        self._last = None
         # whether the drafter falls behind on rows it does not draft for (False: a drafter that
         # reads the target's cache, DraftModel.lags_behind, never lags: no catch-up to charge)
         self.lagging = True
@@ -137,6 +147,12 @@ class DraftLengthPolicy:
         self.steps += 1
         self._time_overhead()
         self._probe_step = False
+        if self.auto and rows >= PLAIN_FIRST_ROWS and not self._plain_measured(rows):
+            return self._note(torch.zeros(b, dtype=torch.long))
+        if self.auto and rows >= PLAIN_FIRST_ROWS and not self.draft_cost:
+            # drafting unmeasured under load: one row drafts one token (a probe), not every
+            # row K (two such steps at 64 rows cost 3 s of a 14 s run)
+            return self._note(self._probe_row(room))
         if not self.auto or not self.draft_cost or not self.target_cost:
             return self._note(torch.minimum(torch.full((b,), self.fixed, dtype=torch.long), room))
         if not b:
@@ -154,7 +170,9 @@ class DraftLengthPolicy:
         draft = self._draft_costs(b)  # [B + 1] seconds per draft position by rows drafting
         verify = torch.tensor([self._target_cost(rows, w + 1) for w in range(AUTO_MAX_DRAFT + 1)],
                               dtype=torch.float64)  # [Kc] by K'
-        cost_n = width_n * draft[drafting_n] + verify[width_n] + self.overhead  # [B, Kc]
+        outside = torch.tensor([self._overhead(rows, w + 1) for w in range(AUTO_MAX_DRAFT + 1)],
+                               dtype=torch.float64)  # [Kc] by K'
+        cost_n = width_n * draft[drafting_n] + verify[width_n] + outside[width_n]  # [B, Kc]
         catch_up = self.catch_up_cost if self.catch_up_cost is not None \
             else CATCH_UP_PRIOR * self._draft_cost(1)
         # catching the drafter up on the rows that draft, spread over the steps they keep
@@ -180,7 +198,7 @@ class DraftLengthPolicy:
             return self._note(self._probe_row(room))
         if k == 0:
             self._since_probe += 1
-            plain = self._since_probe * (self._target_cost(rows, 1) + self.overhead)
+            plain = self._since_probe * (self._target_cost(rows, 1) + self._overhead(rows, 1))
             if self._since_probe >= self.probe and plain * PROBE_SHARE >= self._probe_cost:
                 self._since_probe = 0  # a probe: one row drafts one token
                 self.probe = min(2 * self.probe, AUTO_PROBE_MAX)
@@ -190,7 +208,7 @@ class DraftLengthPolicy:
         else:
             self.probe, self._since_probe, self._probing = AUTO_PROBE_EVERY, 0, 0
             self._probe_cost = 0.0
-            near = any(w == 1 and abs(b - rows) <= rows // 4 for b, w in self.target_cost)
+            near = self._plain_measured(rows)
             rates = tokens / cost  # [Kc]
             if self.steps % AUTO_PROBE_EVERY == 0:
                 if not near and rates[k] < PLAIN_MARGIN * rates[0]:
@@ -201,17 +219,35 @@ class DraftLengthPolicy:
                     # ones overestimates it on CPUs): measure it, then the costs decide
         return self._note(lengths(k))
 
+    def _plain_measured(self, rows: int) -> bool:
+        """Whether a plain (width 1) step was measured at a row count within a quarter of
+        `rows`."""
+        return any(w == 1 and abs(b - rows) <= rows // 4 for b, w in self.target_cost)
+
     def _time_overhead(self) -> None:
         """The step's time outside drafting and the target forward (verification, sampling,
         bookkeeping, the caller's loop): between two choices, less the measured parts. Every
         step pays it once, so drafting, which takes fewer steps, saves it too."""
         now = time.perf_counter()
         if self._last is not None and self._last[1] is not None:
-            cost = self._median("overhead", max(now - self._last[0] - self._last[1], 0.0),
-                                "overhead")
+            value = max(now - self._last[0] - self._last[1], 0.0)
+            cost = self._median("overhead", value, "overhead")
             if cost is not None:
                 self.overhead = cost
-        self._last = (now, None)
+            key = self._last[2]
+            cost = self._median(("overhead", key), value, ("overhead", key[1]))
+            if cost is not None:
+                self.overheads[key] = cost
+        self._last = (now, None, None)
+
+    def _overhead(self, rows: int, width: int) -> float:
+        """A step's time outside the draft and the target forward at `rows` rows and verify
+        `width`: measured there, else along the widths measured at these rows, else the
+        median over every step."""
+        if (rows, width) in self.overheads:
+            return self.overheads[(rows, width)]
+        same = sorted((w, t) for (b, w), t in self.overheads.items() if b == rows)
+        return _along(same, width) if len(same) >= 2 else self.overhead
 
     def _probe_row(self, room: torch.Tensor) -> torch.Tensor:  # [B] -> [B] long
         """One draft token for the row with room the drafter lags least on; none elsewhere."""
@@ -292,7 +328,7 @@ class DraftLengthPolicy:
             if not self._probing:
                 self._probe_cost, self._probe_excess = self._probe_excess, 0.0
         if self._last is not None:
-            self._last = (self._last[0], draft_seconds + target_seconds)
+            self._last = (self._last[0], draft_seconds + target_seconds, (rows, width))
         if num_draft > 0 and drafting > 0 and lag > 0:
             if self.draft_cost:
                 extra = draft_seconds - num_draft * self._draft_cost(drafting)

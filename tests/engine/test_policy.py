@@ -355,3 +355,52 @@ def test_plain_is_measured_where_it_could_turn_the_choice_not_where_drafting_cle
     assert close.choose().tolist() == [1]
     close.steps = AUTO_PROBE_EVERY - 1
     assert close.choose().tolist() == [0]
+
+
+def test_under_load_plain_is_measured_first_and_drafting_first_measured_by_a_probe():
+    """From PLAIN_FIRST_ROWS rows a batch decodes plain until plain's step is measured near its
+    row count (a plain step loses nothing against plain serving; guessed from a verify's cost
+    it looked 2x dearer at 64 rows); then drafting, unmeasured, is measured by one row drafting
+    one token, not every row drafting K (two such steps cost 3 s of a 14 s run at 64 rows).
+    Below that row count the start is as before (fixed K until measured)."""
+    from exactspec.engine.policy import PLAIN_FIRST_ROWS
+
+    pol = DraftLengthPolicy("auto", 64)
+    pol.accepted, pol.rejections = torch.full((64,), 90.0), torch.full((64,), 10.0)
+    assert pol.choose(rows=64).tolist() == [0] * 64  # plain: nothing measured
+    pol.target_cost[(60, 1)] = 0.13  # measured within a quarter of 64 rows
+    want = pol.choose(rows=64)
+    assert int(want.sum()) == 1 and int(want.max()) == 1  # a probe: one row, one token
+    pol = DraftLengthPolicy("auto", 64)
+    pol.target_cost[(40, 1)] = 0.09  # far from 64 rows: plain again
+    assert pol.choose(rows=64).tolist() == [0] * 64
+    few = PLAIN_FIRST_ROWS - 1
+    assert DraftLengthPolicy("auto", few).choose(rows=few).tolist() == [4] * few
+
+
+def test_the_overhead_is_kept_per_verify_width_so_plain_is_not_charged_a_wide_verify(
+        monkeypatch):
+    """Verification and sampling grow with rows x width (top-p sorts every position: 0.21 s a
+    step at 64 rows x 5 against 0.03 s at 64 x 1). One overhead for every step charged plain
+    the wide verify's and made drafting 64 rows look faster; per (rows, width) it does not."""
+    import exactspec.engine.policy as policy_module
+
+    now = [100.0]
+    monkeypatch.setattr(policy_module.time, "perf_counter", lambda: now[0])
+    pol = DraftLengthPolicy("auto", 64)
+    pol.accepted, pol.rejections = torch.full((64,), 96.0), torch.full((64,), 4.0)
+    pol.draft_cost = {64: 0.155}
+    pol.target_cost = {(64, 1): 0.133, (64, 5): 0.58}
+    pol.choose(rows=64)
+    for width, outside in [(5, 0.26), (5, 0.26), (5, 0.26), (1, 0.03), (1, 0.03), (1, 0.03)]:
+        pol.observe_costs(0.6 if width > 1 else 0.0, 4 if width > 1 else 0,
+                          pol.target_cost[(64, width)], width, 64)
+        now[0] += (0.6 if width > 1 else 0.0) + pol.target_cost[(64, width)] + outside
+        pol.choose(rows=64)
+    assert pol.overheads[(64, 1)] == pytest.approx(0.03)
+    assert pol.overheads[(64, 5)] == pytest.approx(0.26)
+    assert pol._overhead(64, 3) == pytest.approx(0.145)  # along the measured widths
+    assert pol.choose(rows=64).tolist() == [0] * 64
+    # the wrong variant, one overhead for every step (the widest's), drafts
+    monkeypatch.setattr(DraftLengthPolicy, "_overhead", lambda self, rows, width: 0.26)
+    assert int(pol.choose(rows=64).max()) > 0
