@@ -404,3 +404,14 @@ def test_the_overhead_is_kept_per_verify_width_so_plain_is_not_charged_a_wide_ve
     # the wrong variant, one overhead for every step (the widest's), drafts
     monkeypatch.setattr(DraftLengthPolicy, "_overhead", lambda self, rows, width: 0.26)
     assert int(pol.choose(rows=64).max()) > 0
+
+
+def test_a_probes_cost_includes_its_wider_verification():
+    """A one-row probe in 16 rows makes every row's verification and sampling two positions
+    wide: its cost beyond plain is the draft, the wider forward and that outside time."""
+    pol = DraftLengthPolicy("auto", 16)
+    pol.target_cost = {(16, 1): 0.040}
+    pol.overheads = {(16, 1): 0.010, (16, 2): 0.050}
+    pol._probe_step, pol._probing = True, 0
+    pol.observe_costs(0.007, 1, 0.050, 2, 16)
+    assert pol._probe_cost == pytest.approx(0.007 + 0.010 + 0.040)
