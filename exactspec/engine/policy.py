@@ -196,6 +196,13 @@ class DraftLengthPolicy:
             self._probing -= 1
             self._probe_step = True
             return self._note(self._probe_row(room))
+        # could drafting win here at all: every drafting row accepting every draft (alpha 1)?
+        # If not, a probe cannot turn the choice (16 rows on 2 cores: the wider verify alone
+        # costs more than it could emit) and none is taken
+        ceiling = float(((b + per_row.double().cumsum(0)) / cost_n)[:, 1:].max()) \
+            if per_row.shape[1] > 1 else 0.0
+        if k == 0 and ceiling <= float(tokens[0] / cost[0]):
+            return self._note(torch.zeros(b, dtype=torch.long))
         if k == 0:
             self._since_probe += 1
             plain = self._since_probe * (self._target_cost(rows, 1) + self._overhead(rows, 1))

@@ -247,11 +247,12 @@ def test_the_pool_follows_observations_and_forgets_old_ones():
     assert sum(pol.pool) <= POOL_MAX + 1e-9 and pol.pool[0] < 0.1 * pol.pool[1]
 
 
-def _loaded(rows=16):
-    """Many rows that accept nothing: plain wins; row 5 is the one the drafter lags least on."""
-    pol = _policy([0] * rows, [200] * rows, draft_cost=0.2,
-                  target_costs={1: 0.100, 2: 0.200})
-    pol.draft_cost = {rows: 0.2}
+def _loaded(rows=16, draft=0.01, verify=0.120):
+    """Many rows that accept nothing: plain wins (drafting could, were every draft accepted);
+    row 5 is the one the drafter lags least on."""
+    pol = _policy([0] * rows, [200] * rows, draft_cost=draft,
+                  target_costs={1: 0.100, 2: verify})
+    pol.draft_cost = {rows: draft}
     pol.lag = torch.full((rows,), 50.0, dtype=torch.float64)
     pol.lag[5] = 3.0
     return pol
@@ -284,9 +285,19 @@ def test_a_probes_draft_cost_is_the_cost_of_the_rows_that_drafted():
         want = pol.choose()
         drafting_steps += int(want.max())
         pol.observe(want, torch.zeros(16))
-        pol.observe_costs(0.015 * int(want.max()), int(want.max()), 0.1 + 0.1 * int(want.max()),
+        pol.observe_costs(0.015 * int(want.max()), int(want.max()), 0.1 + 0.02 * int(want.max()),
                           1 + int(want.max()), 16)
-    assert pol.draft_cost == {16: 0.2, 1: 0.015}
+    assert pol.draft_cost == {16: 0.01, 1: 0.015}
+
+
+def test_no_probe_where_drafting_could_not_win_even_accepting_everything():
+    """16 rows where one drafting position costs twice a plain step: even with every draft
+    accepted drafting loses, so no probe is taken (each made 16 rows' verify two wide for
+    nothing: 0.89x plain at 16 streams); where it could win, probes go on."""
+    pol = _loaded(draft=0.2, verify=0.200)
+    assert all(int(pol.choose().max()) == 0 for _ in range(10 * AUTO_PROBE_EVERY))
+    pol = _loaded()
+    assert any(int(pol.choose().max()) > 0 for _ in range(2 * AUTO_PROBE_EVERY))
 
 
 def test_catching_a_lagging_batch_up_is_paid_before_drafting():
