@@ -7,7 +7,8 @@ api.py        `generate` and `stream`; arguments.py validates their arguments
 loop.py       `Decoder`: admit / step / drop; batch.py: `BatchState`, every per-row tensor
 step.py       one chain step: propose -> forward -> standardize -> verify -> commit
 tree_step.py  the same step for token trees
-policy.py     draft length, fixed or "auto"; stopping.py: EOS, stop strings, budgets
+policy.py     draft length, fixed or "auto" (curves.py: its cost curves); stopping.py: EOS,
+              stop strings, budgets
 results.py    `Generation` and its stats (mean acceptance length defined once)
 session.py    `Engine`: a long-lived engine for RL loops and batch jobs (`update_weights`)
 (docs/generate.md)

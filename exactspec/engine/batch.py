@@ -9,6 +9,7 @@ in the target's KV cache, the drafter and the draft-length policy too.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -123,6 +124,13 @@ class BatchState:
         """Prefill `rows` and append them after the current ones (between steps). Each row's
         budget is its own stop rule's max_new_tokens; the running rows are not touched (the
         target and the drafter prefill the new rows alone)."""
+        t0 = time.perf_counter()
+        try:
+            self._admit(rows)
+        finally:  # a prefill is no step's cost: kept out of the policy's outside time
+            self.policy.exclude(time.perf_counter() - t0)
+
+    def _admit(self, rows: list[Row]) -> None:
         target, dev = self.target, self.target.device
         for r in rows:
             check_fits(len(r.prompt), r.stop.max_new_tokens, target.max_context)
