@@ -178,7 +178,7 @@ at::Tensor linear(const at::Tensor& x_, at::TensorList weights,
   return y;
 }
 
-// x [M, K] float32, w int8 packed by kernels.pack_int8 ([ceil(N / 4), Kp / 32, 4, 32], Kp = K
+// x [M, K] float32, w int8 packed by kernels.pack_int8 ([ceil(N / 32), Kp / 2, 32, 2], Kp = K
 // rounded up to 32), scales [N] float32: each row of x quantized to int16 (x_q = round(x *
 // (32767 / amax)), clamped, sx = amax / 32767, per row), then y = (float(sum_k x_q w) * sx) *
 // scales[n] with the sum exact (impl_w8a16.h), (+ residual)
@@ -189,12 +189,15 @@ at::Tensor linear_w8a16(const at::Tensor& x_, const at::Tensor& w, const at::Ten
   const int64_t M = x.size(0), K = x.size(1), Kp = (K + 31) / 32 * 32;
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.dim() == 1 && scales.is_contiguous(),
               "scales must be a contiguous float32 [N] tensor");
-  const int64_t N = scales.size(0), groups = (N + 3) / 4;
-  TORCH_CHECK(w.dim() == 4 && w.size(0) == groups && w.size(1) * 32 == Kp && w.size(2) == 4 &&
-                  w.size(3) == 32 && w.is_contiguous() && w.device().is_cpu() &&
+  // (the kernel converts an exact sum, |sum| <= K * 32767 * 128, to float through a double,
+  // exact below 2^51: impl_w8a16.h)
+  TORCH_CHECK(K < (int64_t{1} << 28), "linear_w8a16 takes rows of fewer than 2^28 inputs, got ", K);
+  const int64_t N = scales.size(0), panels = (N + 31) / 32;
+  TORCH_CHECK(w.dim() == 4 && w.size(0) == panels && w.size(1) * 2 == Kp && w.size(2) == 32 &&
+                  w.size(3) == 2 && w.is_contiguous() && w.device().is_cpu() &&
                   w.scalar_type() == at::kChar,
-              "w must be int8 packed by kernels.pack_int8: [", groups, ", ", Kp / 32,
-              ", 4, 32], got ", w.scalar_type(), " ", w.sizes());
+              "w must be int8 packed by kernels.pack_int8: [", panels, ", ", Kp / 2,
+              ", 32, 2], got ", w.scalar_type(), " ", w.sizes());
   const at::Tensor residual = residual_of(residual_, M, N);
   at::Tensor xq = at::zeros({M, Kp}, x.options().dtype(at::kShort));
   at::Tensor sx = at::empty({M}, x.options());
@@ -230,10 +233,10 @@ at::Tensor linear_w8a16(const at::Tensor& x_, const at::Tensor& w, const at::Ten
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* scp = scales.data_ptr<float>();
   const Isa& k = isa();
-  // chunks on whole groups of 4 rows
-  Chunks(M * N * K, groups, 1).run([&](int64_t g0, int64_t g1) {
+  // chunks on whole panels of 32 rows
+  Chunks(M * N * K, panels, 1).run([&](int64_t g0, int64_t g1) {
     k.linear_w8a16(qp, Kp, M, Kp, wp, sp, scp, yp, N, N, g0, g1);
-    if (rp) add_residual(yp, rp, M, N, 4 * g0, std::min(4 * g1, N));
+    if (rp) add_residual(yp, rp, M, N, 32 * g0, std::min(32 * g1, N));
   });
   return y;
 }

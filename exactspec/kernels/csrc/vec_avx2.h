@@ -2,6 +2,7 @@
 #pragma once
 #include <immintrin.h>
 #include <cstdint>
+#include <cstring>
 
 struct V { __m256 a, b; };
 static inline V vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
@@ -67,19 +68,27 @@ static inline XI vi_w32(const int8_t* w) {
   return {_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))),
           _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)))};
 }
-static inline XI vi_x32(const int16_t* x) {
-  return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)),
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16))};
+static inline XI vi_pair(const int16_t* x) {  // (x[0], x[1]) in every lane
+  int32_t v;
+  std::memcpy(&v, x, 4);
+  return {_mm256_set1_epi32(v), _mm256_set1_epi32(v)};
 }
 static inline VI vi_dot(VI acc, XI x, XI w) {
   return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(x.a, w.a)),
           _mm256_add_epi32(acc.b, _mm256_madd_epi16(x.b, w.b))};
 }
-static inline int64_t vi_sum(VI a) {  // exact: widened to int64 before adding
+static inline VI vi_dot_pair(VI acc, XI w, const int16_t* x) { return vi_dot(acc, w, vi_pair(x)); }
+static inline void vi_add64(int64_t* t, VI a) {  // t[i] += lane i, exact: widened first
   int32_t l[16];
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(l), a.a);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(l + 8), a.b);
-  int64_t s = 0;
-  for (int i = 0; i < 16; ++i) s += l[i];
-  return s;
+  for (int i = 0; i < 16; ++i) t[i] += l[i];
+}
+// y[j] = (float(t[j]) * sx) * scale[j] (scale null: float(t[j]) * sx) for j < nr <= 16
+static inline void vi_out16(const int64_t* t, float sx, const float* scale, float* y, int nr) {
+  for (int j = 0; j < nr; ++j) {
+    float s = static_cast<float>(t[j]) * sx;
+    if (scale) s = s * scale[j];
+    y[j] = s;
+  }
 }

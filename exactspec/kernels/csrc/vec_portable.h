@@ -61,10 +61,21 @@ struct VI { int32_t l[16]; };
 struct XI { int16_t l[32]; };
 static inline VI vi_zero() { VI r; for (int i = 0; i < 16; ++i) r.l[i] = 0; return r; }
 static inline XI vi_w32(const int8_t* w) { XI r; for (int i = 0; i < 32; ++i) r.l[i] = w[i]; return r; }
-static inline XI vi_x32(const int16_t* x) { XI r; for (int i = 0; i < 32; ++i) r.l[i] = x[i]; return r; }
+static inline XI vi_pair(const int16_t* x) {  // (x[0], x[1]) in every lane
+  XI r; for (int i = 0; i < 32; ++i) r.l[i] = x[i & 1]; return r;
+}
 static inline VI vi_dot(VI acc, XI x, XI w) {
   for (int i = 0; i < 16; ++i)
     acc.l[i] += x.l[2 * i] * w.l[2 * i] + x.l[2 * i + 1] * w.l[2 * i + 1];
   return acc;
 }
-static inline int64_t vi_sum(VI a) { int64_t s = 0; for (int i = 0; i < 16; ++i) s += a.l[i]; return s; }
+static inline VI vi_dot_pair(VI acc, XI w, const int16_t* x) { return vi_dot(acc, w, vi_pair(x)); }
+static inline void vi_add64(int64_t* t, VI a) { for (int i = 0; i < 16; ++i) t[i] += a.l[i]; }
+// y[j] = (float(t[j]) * sx) * scale[j] (scale null: float(t[j]) * sx) for j < nr <= 16
+static inline void vi_out16(const int64_t* t, float sx, const float* scale, float* y, int nr) {
+  for (int j = 0; j < nr; ++j) {
+    float s = static_cast<float>(t[j]) * sx;
+    if (scale) s = s * scale[j];
+    y[j] = s;
+  }
+}
