@@ -106,17 +106,19 @@ def test_bad_layout_is_refused():
         kernels.linear_w8a16(x, w, s)  # not packed
 
 
-def test_long_sums_do_not_overflow(isa):
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_long_sums_do_not_overflow(isa, m):
     """Every product at its largest (|x_q| = 32767, w = -128) over K = 20000: an int32 lane
-    over 1024 of them would overflow; the kernel widens to int64 every 512 inputs."""
+    over 1024 of them would overflow; the kernel widens to int64 every 512 inputs. 8 rows: a
+    row tile with one accumulator per output (1 row splits K over 4, 3 rows over 2)."""
     k = 20000
-    x = torch.ones(1, k)
+    x = torch.ones(m, k)
     w = torch.full((3, k), -128, dtype=torch.int8)
     s = torch.ones(3)
     y = kernels.linear_w8a16(x, kernels.pack_int8(w), s)
     total = torch.tensor(float(32767 * -128 * k))  # exact in int64, one float32 rounding
     sx = torch.tensor(1.0) / torch.tensor(32767.0)  # amax 1
-    assert torch.equal(y, (total * sx).expand(1, 3))
+    assert torch.equal(y, (total * sx).expand(m, 3))
     assert torch.equal(y, reference(x, w, s))
 
 
