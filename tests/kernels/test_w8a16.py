@@ -49,6 +49,22 @@ def test_residual_and_zero_rows(isa):
     assert torch.equal(y[2], r[2])
 
 
+def test_nan_and_inf_rows_give_nan_and_leave_the_others(isa):
+    """A NaN or an infinity in a row (in a full 16-lane chunk or in the tail) makes that row's
+    outputs NaN; the other rows keep their bits; a row of zeros (and -0.0) gives zeros."""
+    x, w, s = _case(6, 40, 33, seed=5)
+    x[1, 3] = float("nan")
+    x[2, 37] = float("inf")  # in the tail (40 = 16 + 16 + 8)
+    x[3, 20] = -float("inf")
+    x[4] = 0.0
+    x[4, 7] = -0.0
+    y = kernels.linear_w8a16(x, kernels.pack_int8(w), s)
+    assert torch.isnan(y[1:4]).all()
+    assert torch.equal(y[4], torch.zeros(33))
+    ok = [0, 5]
+    assert torch.equal(y[ok], reference(x[ok], w, s))
+
+
 def test_packing_is_a_permutation_with_zero_padding():
     """Panels of 32 rows, pairs of inputs: p[g, k // 2, j, k % 2] = w[32 g + j, k]."""
     w = torch.arange(37 * 40, dtype=torch.int64).remainder(251).sub(125).to(torch.int8)

@@ -68,6 +68,50 @@ static void w8a16_tile(const int16_t* xq, int64_t ldx, int64_t Kp, const int8_t*
                static_cast<int>(nr - j < 16 ? nr - j : 16));
 }
 
+// One row of x rounded to int16 for the product: q[k] = round(x[k] * (32767 / amax)) (the
+// product rounded to float, then to the nearest integer, ties to even), clamped to +-32767,
+// for k < K and 0 up to Kp; *sx = amax / 32767. A row of zeros: zeros, sx 0; a NaN or an
+// infinity anywhere: zeros, sx NaN (NaN outputs). Over the float lanes V, so every unit
+// computes the same integers (the former scalar loop's, ~3.6 ns a value: 2.8 ms of the 8-row
+// step's 121 products).
+static void quantize_i16(const float* x, int64_t K, int64_t Kp, int16_t* q, float* sx) {
+  const V zero = vzero();
+  V mx = zero, bad = zero;
+  for (int64_t k = 0; k < K; k += 16) {
+    const V v = K - k >= 16 ? vload(x + k) : loadx_tail(x + k, K - k);
+    mx = vmax(mx, vmax(v, vsub(zero, v)));  // |v| (finite v)
+    bad = vadd(bad, vmul(v, zero));         // stays 0 unless some v is NaN or infinite
+  }
+  float m[16], b[16];
+  vstore(m, mx);
+  vstore(b, bad);
+  float amax = 0.0f, nonfinite = 0.0f;
+  for (int i = 0; i < 16; ++i) {
+    amax = m[i] > amax ? m[i] : amax;
+    nonfinite += b[i];
+  }
+  if (nonfinite != 0.0f || !(amax > 0.0f)) {
+    for (int64_t k = 0; k < Kp; ++k) q[k] = 0;
+    *sx = nonfinite != 0.0f ? __builtin_nanf("") : 0.0f;
+    return;
+  }
+  const V inv = vset1(32767.0f / amax), hi = vset1(32767.0f), lo = vset1(-32767.0f);
+  for (int64_t k = 0; k < K; k += 16) {
+    const int64_t r = K - k < 16 ? K - k : 16;
+    const V v = vmax(vmin(vround(vmul(r == 16 ? vload(x + k) : loadx_tail(x + k, r), inv)), hi),
+                     lo);
+    if (r == 16) {
+      vstore_i16(q + k, v);
+    } else {
+      int16_t t[16];
+      vstore_i16(t, v);
+      for (int64_t i = 0; i < r; ++i) q[k + i] = t[i];
+    }
+  }
+  for (int64_t k = K; k < Kp; ++k) q[k] = 0;
+  *sx = amax / 32767.0f;
+}
+
 typedef void (*W8Fn)(const int16_t*, int64_t, int64_t, const int8_t*, const float*,
                      const float*, float*, int64_t, int64_t, int64_t);
 

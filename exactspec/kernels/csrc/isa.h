@@ -43,6 +43,9 @@ struct Isa {
   void (*linear_w8a16)(const int16_t* xq, int64_t ldx, int64_t M, int64_t Kp, const int8_t* w,
                        const float* sx, const float* scale, float* y, int64_t ldy, int64_t N,
                        int64_t g0, int64_t g1);
+  // one row of x [K] rounded to int16 for linear_w8a16: q[k] = round(x[k] * 32767 / amax),
+  // clamped to +-32767, zeros from K to Kp, *sx = amax / 32767 (impl_w8a16.h)
+  void (*quantize_i16)(const float* x, int64_t K, int64_t Kp, int16_t* q, float* sx);
 };
 
 namespace avx512vnni { extern const Isa isa; }

@@ -19,6 +19,10 @@ static inline __m256 i8x8(const int8_t* p) {
 }
 static inline V vload_i8(const int8_t* p) { return {i8x8(p), i8x8(p + 8)}; }
 static inline void vstore(float* p, V x) { _mm256_storeu_ps(p, x.a); _mm256_storeu_ps(p + 8, x.b); }
+static inline void vstore_i16(int16_t* p, V x) {  // integral lanes within int16
+  __m256i h = _mm256_packs_epi32(_mm256_cvtps_epi32(x.a), _mm256_cvtps_epi32(x.b));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_permute4x64_epi64(h, 0xD8));
+}
 static inline V vfma(V x, V y, V z) {
   return {_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)};
 }

@@ -17,6 +17,9 @@ static inline V vload_i8(const int8_t* p) {
   return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))};
 }
 static inline void vstore(float* p, V a) { _mm512_storeu_ps(p, a.v); }
+static inline void vstore_i16(int16_t* p, V a) {  // integral lanes within int16
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(a.v)));
+}
 static inline V vfma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 static inline V vadd(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
 static inline V vsub(V a, V b) { return {_mm512_sub_ps(a.v, b.v)}; }

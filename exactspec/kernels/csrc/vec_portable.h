@@ -19,6 +19,9 @@ static inline V vload_bf16(const uint16_t* p) {
 }
 static inline V vload_i8(const int8_t* p) ES_LANES(static_cast<float>(p[i]))
 static inline void vstore(float* p, V a) { for (int i = 0; i < 16; ++i) p[i] = a.l[i]; }
+static inline void vstore_i16(int16_t* p, V a) {  // integral lanes within int16
+  for (int i = 0; i < 16; ++i) p[i] = static_cast<int16_t>(a.l[i]);
+}
 static inline V vfma(V a, V b, V c) ES_LANES(__builtin_fmaf(a.l[i], b.l[i], c.l[i]))
 static inline V vadd(V a, V b) ES_LANES(a.l[i] + b.l[i])
 static inline V vsub(V a, V b) ES_LANES(a.l[i] - b.l[i])
