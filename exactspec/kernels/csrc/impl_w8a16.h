@@ -2,8 +2,8 @@
 // written once over the integer lanes VI / XI of the including unit (vec_*.h), included after
 // impl.h inside one namespace per ISA.
 //
-// Each row of x is quantized to int16 by the caller (ops.cpp: x_q = round(x * 32767 / amax),
-// per row), so every product x_q * w is an integer and their sum over K is computed EXACTLY
+// Each row of x is quantized to int16 first (quantize_i16 below: x_q = round(x * 32767 /
+// amax), per row), so every product x_q * w is an integer and their sum over K is computed EXACTLY
 // (int32 lanes, widened to int64 every KCHUNK inputs, before a lane can overflow): the total
 // is the same integer whatever the order, the lanes, the tiling, the ISA or the thread, and
 // y = (float(total) * sx[m]) * scale[n] is one fixed rounding of it. So the units agree bit
@@ -17,13 +17,14 @@
 // VNNI) adds output i's two products to lane i. No horizontal sum: a lane is an output. Per 64
 // weight bytes: 2 widening loads, then 2 multiply-adds per row of x (the 4-row groups with one
 // horizontal int64 sum per output and 32 inputs per lane ran at ~6 multiply-adds a cycle).
+// Measured (rough, shared 2-core EPYC, one thread, smollm2's 121 products of a step, 134 MB):
+// 8 rows 18.6 -> 11.2 ms, 4 rows 9.5 -> 6.7 ms, 1 row ~4.7-5 ms either way (the memory).
 #pragma once
 
 // inputs per int32 lane run: a lane adds 2 products of |x_q| <= 32767, |w| <= 128 per pair of
 // inputs, so 256 pairs reach at most 256 * 2 * 32767 * 128 = 2147418112 < 2^31
 constexpr int64_t KCHUNK = 512;
 constexpr int64_t NP = 32;  // output rows per panel (two vectors of 16 lanes)
-constexpr int W8_MR = 8;    // rows of x per register tile, at most (12: no faster)
 // weight bytes ahead that tiles of 3 rows or more prefetch into L1 (measured, one thread,
 // smollm2's 121 products: 8 rows 14.1 -> 11.2-11.4 ms, 4 rows 7.7 -> 6.7; 1 and 2 rows, which
 // the memory bounds, none or slower)
@@ -115,17 +116,22 @@ static void quantize_i16(const float* x, int64_t K, int64_t Kp, int16_t* q, floa
 typedef void (*W8Fn)(const int16_t*, int64_t, int64_t, const int8_t*, const float*,
                      const float*, float*, int64_t, int64_t, int64_t);
 
+// accumulator sets for a tile of MR rows (the unit's register budget: vec_*.h)
+constexpr int w8_unroll(int mr) { return mr == 1 ? ES_W8_U1 : (mr <= ES_W8_U2MR ? 2 : 1); }
+template <class S> struct W8Table;
+template <int... I> struct W8Table<std::integer_sequence<int, I...>> {
+  static constexpr W8Fn fns[] = {w8a16_tile<I + 1, w8_unroll(I + 1)>...};
+};
+
 // y[m, n] for the panels g in [g0, g1) (outputs n = NP g + j < N), m in [0, M): each panel
 // meets every row of x while in L1
 static void linear_w8a16(const int16_t* xq, int64_t ldx, int64_t M, int64_t Kp,
                          const int8_t* w, const float* sx, const float* scale, float* y,
                          int64_t ldy, int64_t N, int64_t g0, int64_t g1) {
-  static const W8Fn table[W8_MR] = {w8a16_tile<1, 4>, w8a16_tile<2, 2>, w8a16_tile<3, 2>,
-                                    w8a16_tile<4, 2>, w8a16_tile<5, 1>, w8a16_tile<6, 1>,
-                                    w8a16_tile<7, 1>, w8a16_tile<8, 1>};
-  // rows in ceil(M / W8_MR) balanced tiles (45 rows: 7 8 7 8 7 8, not 8 x 5 + 5; 9 rows: 4 5,
-  // not 8 + a one-row pass)
-  const int64_t tiles = (M + W8_MR - 1) / W8_MR;
+  static const W8Fn* table = W8Table<std::make_integer_sequence<int, ES_W8_MR>>::fns;
+  // rows in ceil(M / ES_W8_MR) balanced tiles (AVX-512, 8: 45 rows as 7 8 7 8 7 8, not
+  // 8 x 5 + 5; 9 rows as 4 5, not 8 + a one-row pass)
+  const int64_t tiles = (M + ES_W8_MR - 1) / ES_W8_MR;
   for (int64_t g = g0; g < g1; ++g) {
     const int64_t n = NP * g, nr = N - n < NP ? N - n : NP;
     for (int64_t t = 0; t < tiles; ++t) {

@@ -18,7 +18,8 @@ static inline V vload_i8(const int8_t* p) {
 }
 static inline void vstore(float* p, V a) { _mm512_storeu_ps(p, a.v); }
 static inline void vstore_i16(int16_t* p, V a) {  // integral lanes within int16
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(a.v)));
+  const __m256i h = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(a.v));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
 }
 static inline V vfma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 static inline V vadd(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
@@ -56,6 +57,12 @@ static inline float vhsum(V a) {
 #define ES_NB_LARGE 16  // ... from 17 rows of x
 #define ES_MB 64  // rows of x per chunk
 #define ES_PF_LOC 2  // prefetch into L2 (prefetcht1): into L1 it evicts x (8 rows: 26 vs 17 ms)
+// the tiling of the int8 product (impl_w8a16.h; no effect on any result): rows per tile at
+// most, accumulator sets for one row, tiles of up to this many rows take 2 sets (2 x 32
+// accumulators: the 32 registers)
+#define ES_W8_MR 8
+#define ES_W8_U1 4
+#define ES_W8_U2MR 4
 // keep a loaded vector in a register (the compiler would otherwise fold the load into every
 // multiply-add that uses it)
 static inline void vkeep(V& a) { __asm__("" : "+v"(a.v)); }

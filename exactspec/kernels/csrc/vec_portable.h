@@ -57,6 +57,9 @@ static inline float vhsum(V a) {
 #define ES_NB_LARGE 32
 #define ES_MB (int64_t{1} << 40)
 #define ES_PF_LOC 3
+#define ES_W8_MR 4  // the int8 product's tiling (see vec_avx512.h)
+#define ES_W8_U1 2
+#define ES_W8_U2MR 1
 static inline void vkeep(V&) {}
 
 // ---- 16 int32 lanes for the int8-weight x int16-activation product (impl_w8a16.h) ----
