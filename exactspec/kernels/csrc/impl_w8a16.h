@@ -18,17 +18,20 @@
 // weight bytes: 2 widening loads, then 2 multiply-adds per row of x (the 4-row groups with one
 // horizontal int64 sum per output and 32 inputs per lane ran at ~6 multiply-adds a cycle).
 // Measured (rough, shared 2-core EPYC, one thread, smollm2's 121 products of a step, 134 MB):
-// 8 rows 18.6 -> 11.2 ms, 4 rows 9.5 -> 6.7 ms, 1 row ~4.7-5 ms either way (the memory).
+// 8 rows 18.6-21 -> 11.2-12.5 ms, 4 rows 9.5-14 -> 6.7-8.9 ms, 1 row 5.7-6.3 -> 4.1-4.2 ms.
 #pragma once
 
 // inputs per int32 lane run: a lane adds 2 products of |x_q| <= 32767, |w| <= 128 per pair of
 // inputs, so 256 pairs reach at most 256 * 2 * 32767 * 128 = 2147418112 < 2^31
 constexpr int64_t KCHUNK = 512;
 constexpr int64_t NP = 32;  // output rows per panel (two vectors of 16 lanes)
-// weight bytes ahead that tiles of 3 rows or more prefetch into L1 (measured, one thread,
-// smollm2's 121 products: 8 rows 14.1 -> 11.2-11.4 ms, 4 rows 7.7 -> 6.7; 1 and 2 rows, which
-// the memory bounds, none or slower)
-constexpr int64_t W8_AHEAD = 2048;
+// Software prefetch of the panel's stream (measured, one thread, smollm2's 121 products, rough
+// on a shared machine): tiles of 3 rows or more 2048 bytes ahead into L1 (8 rows 14.1 ->
+// 11.2-12.1 ms, 4 rows 7.7 -> 6.7-7.0; non-temporal at 256-2048: 12.2-14.4, 7.8-8.4); tiles
+// of 1 or 2 rows, bound by the memory, 256 bytes ahead non-temporal (prefetchnta: one row
+// 5.7-6.3 -> 4.1-4.2 ms, two 5.9-7.0 -> 4.7-4.8; prefetcht0 at 512-4096 or prefetcht1 at
+// 2048-16384: no gain or slower)
+constexpr int64_t W8_AHEAD = 2048, W8_AHEAD_NTA = 256;
 
 // y[i, n + j] for the MR rows at xq and the outputs n + j (j < nr <= NP) of the panel at wp;
 // U independent accumulator sets over consecutive pairs (few rows: the multiply-add latency)
@@ -45,8 +48,10 @@ static void w8a16_tile(const int16_t* xq, int64_t ldx, int64_t Kp, const int8_t*
     for (int u = 0; u < U; ++u)
       for (int i = 0; i < MR; ++i) acc[u][i][0] = acc[u][i][1] = vi_zero();
     for (int64_t k = c0; k < c1; k += 2 * U) {  // Kp and KCHUNK are multiples of 32 >= 2U
-      if (MR >= 3)
-        for (int u = 0; u < U; ++u) __builtin_prefetch(wp + (k + 2 * u) * NP + W8_AHEAD, 0, 3);
+      for (int u = 0; u < U; ++u) {
+        if (MR >= 3) __builtin_prefetch(wp + (k + 2 * u) * NP + W8_AHEAD, 0, 3);
+        else __builtin_prefetch(wp + (k + 2 * u) * NP + W8_AHEAD_NTA, 0, 0);
+      }
       for (int u = 0; u < U; ++u) {
         const int8_t* p = wp + (k + 2 * u) * NP;  // the pair (k + 2u) / 2: [32][2]
         const XI w0 = vi_w32(p), w1 = vi_w32(p + 32);
