@@ -92,14 +92,16 @@ def linear(x: torch.Tensor, weights: list[torch.Tensor],  # [M, K] -> [M, sum N_
     return torch.ops.exactspec.linear(x, weights, scales, residual)
 
 
-def pack_int8(w: torch.Tensor) -> torch.Tensor:  # [N, K] int8 -> [ceil(N / 4), Kp / 32, 4, 32]
-    """int8 weights in the layout `linear_w8a16` reads: groups of 4 rows, K zero-padded to Kp (a
-    multiple of 32), each group's [4][32] blocks in input order, so a group is one stream."""
+def pack_int8(w: torch.Tensor) -> torch.Tensor:  # [N, K] int8 -> [ceil(N / 32), Kp / 2, 32, 2]
+    """int8 weights in the layout `linear_w8a16` reads: panels of 32 rows (N zero-padded), K
+    zero-padded to Kp (a multiple of 32), each panel stored as Kp / 2 pairs of inputs in input
+    order, a pair holding [32 rows][2 inputs]: a panel is one stream, and a vector lane is an
+    output row (no horizontal sums, csrc/impl_w8a16.h)."""
     n, k = w.shape
-    n4, kp = -(-n // 4) * 4, -(-k // 32) * 32
-    padded = torch.zeros(n4, kp, dtype=torch.int8)
+    n32, kp = -(-n // 32) * 32, -(-k // 32) * 32
+    padded = torch.zeros(n32, kp, dtype=torch.int8)
     padded[:n, :k] = w
-    return padded.view(n4 // 4, 4, kp // 32, 32).permute(0, 2, 1, 3).contiguous()
+    return padded.view(n32 // 32, 32, kp // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
 def linear_w8a16(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,  # -> [M, N] float32

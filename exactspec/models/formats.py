@@ -75,7 +75,7 @@ class Matrix:
     ref_weight: torch.Tensor | None = None  # [out, in] float32 dequantized, when not packed
     kernel_scales: torch.Tensor | None = None  # int8 for our kernels: [out] float32 (= scales)
     kernel_qweight: torch.Tensor | None = None  # int8 for our kernels: qweight packed by
-    # kernels.pack_int8 (groups of 4 rows, one stream each), for linear_w8a16
+    # kernels.pack_int8 (panels of 32 rows, one stream each), for linear_w8a16
 
     def __call__(self, x: torch.Tensor,  # [..., in] -> [..., out], x's dtype
                  one_row_copy: bool = True) -> torch.Tensor:

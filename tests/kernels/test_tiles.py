@@ -79,7 +79,7 @@ def test_linear_tiles_agree_across_isas():
 
 @pytest.mark.parametrize("n,k", [(37, 100), (70, 33), (9, 4200)])
 def test_w8a16_every_width_equals_rows_alone(isa, threads, n, k):
-    """K = 4200 crosses the int64 widening every 4096 inputs inside a row tile."""
+    """K = 4200 crosses the int64 widening every 512 inputs 8 times inside a row tile."""
     g = torch.Generator().manual_seed(n + k)
     w = kernels.pack_int8(torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8))
     s = torch.rand(n, generator=g) * 0.01 + 1e-3

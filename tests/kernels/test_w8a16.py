@@ -49,12 +49,71 @@ def test_residual_and_zero_rows(isa):
     assert torch.equal(y[2], r[2])
 
 
+def test_nan_and_inf_rows_give_nan_and_leave_the_others(isa):
+    """A NaN or an infinity in a row (in a full 16-lane chunk or in the tail) makes that row's
+    outputs NaN; the other rows keep their bits; a row of zeros (and -0.0) gives zeros."""
+    x, w, s = _case(6, 40, 33, seed=5)
+    x[1, 3] = float("nan")
+    x[2, 37] = float("inf")  # in the tail (40 = 16 + 16 + 8)
+    x[3, 20] = -float("inf")
+    x[4] = 0.0
+    x[4, 7] = -0.0
+    y = kernels.linear_w8a16(x, kernels.pack_int8(w), s)
+    assert torch.isnan(y[1:4]).all()
+    assert torch.equal(y[4], torch.zeros(33))
+    ok = [0, 5]
+    assert torch.equal(y[ok], reference(x[ok], w, s))
+
+
 def test_packing_is_a_permutation_with_zero_padding():
-    w = torch.arange(5 * 40, dtype=torch.int64).remainder(251).sub(125).to(torch.int8).view(5, 40)
-    p = kernels.pack_int8(w)  # [2, 2, 4, 32]
-    assert p.shape == (2, 2, 4, 32)
-    assert torch.equal(p[1, 0, 0, :32], w[4, :32]) and torch.equal(p[0, 1, 3, :8], w[3, 32:])
-    assert int(p.abs().sum()) == int(w.abs().long().sum())  # the rest is zeros
+    """Panels of 32 rows, pairs of inputs: p[g, k // 2, j, k % 2] = w[32 g + j, k]."""
+    w = torch.arange(37 * 40, dtype=torch.int64).remainder(251).sub(125).to(torch.int8)
+    w = w.view(37, 40)
+    p = kernels.pack_int8(w)  # [2, 32, 32, 2]: N 37 -> 64, K 40 -> 64
+    assert p.shape == (2, 32, 32, 2)
+    for n, k in [(0, 0), (0, 1), (5, 7), (31, 39), (32, 0), (36, 38), (36, 39), (17, 22)]:
+        assert int(p[n // 32, k // 2, n % 32, k % 2]) == int(w[n, k]), (n, k)
+    assert torch.equal(p[1, :20, :5, :].permute(1, 0, 2).reshape(5, 40), w[32:])
+    assert int(p.abs().long().sum()) == int(w.abs().long().sum())  # the rest is zeros
+
+
+# (N, K): N = 70 ends in a part panel of 6 rows (lanes 0-5 of the first half), N = 49 in one
+# of 17 (the second half's first lane), N = 32 in none, N = 1 is all tail; K = 100 and 17 are
+# zero-padded to 128 and 32, K = 600 crosses the int64 widening at 512 inputs, K = 1030 twice
+PANEL_SHAPES = [(70, 100), (49, 600), (32, 32), (1, 17), (33, 1030)]
+ROWS = [*range(1, 21), 31, 45, 64, 130]  # every row tile (1..8) and its remainders
+
+
+@pytest.mark.parametrize("n,k", PANEL_SHAPES)
+def test_every_row_count_and_edge_on_every_isa_and_thread_count(isa, threads, n, k):
+    """Each M in 1..20 and a few prefill widths, against the int64 reference, 1 and 2 threads;
+    the weights at the int8 extremes too (-128 and 127 in the first rows)."""
+    x, w, s = _case(max(ROWS), k, n, seed=n * 1000 + k)
+    w[: min(n, 3)] = torch.tensor([-128, 127], dtype=torch.int8).repeat(k)[:k]
+    packed = kernels.pack_int8(w)
+    ref = reference(x, w, s)
+    for nt in (1, 2):
+        torch.set_num_threads(nt)
+        for m in ROWS:
+            assert torch.equal(kernels.linear_w8a16(x[:m], packed, s), ref[:m]), (m, nt)
+
+
+def test_huge_sums_round_like_a_scalar_conversion(isa):
+    """K = 2^20 + 3 at the largest products: sums near 2^42, far past float32's 2^24 integers,
+    so float(total) rounds; the kernel's conversion (through a double on AVX-512) gives the
+    bits of torch's int64 -> float32 conversion, also for the random rows."""
+    k = (1 << 20) + 3
+    g = torch.Generator().manual_seed(7)
+    x = torch.cat([torch.ones(1, k), torch.randn(2, k, generator=g)])
+    w = torch.cat([torch.full((2, k), -128, dtype=torch.int8),
+                   torch.randint(-128, 128, (15, k), generator=g, dtype=torch.int8)])
+    s = torch.rand(17, generator=g) + 0.5
+    y = kernels.linear_w8a16(x, kernels.pack_int8(w), s)
+    assert torch.equal(y, reference(x, w, s))
+    total = torch.tensor(float(32767 * -128 * k))  # row 0 on the first two outputs: exact
+    # in a double, one rounding to float32; sx = amax / 32767 with amax 1
+    assert float(total) != 32767 * -128 * k  # (it does round)
+    assert torch.equal(y[0, :2], (total * (torch.tensor(1.0) / torch.tensor(32767.0))) * s[:2])
 
 
 def test_bad_layout_is_refused():
@@ -63,17 +122,19 @@ def test_bad_layout_is_refused():
         kernels.linear_w8a16(x, w, s)  # not packed
 
 
-def test_long_sums_do_not_overflow(isa):
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_long_sums_do_not_overflow(isa, m):
     """Every product at its largest (|x_q| = 32767, w = -128) over K = 20000: an int32 lane
-    over all of K would overflow; the kernel widens to int64 every 4096 inputs."""
+    over 1024 of them would overflow; the kernel widens to int64 every 512 inputs. 8 rows: a
+    row tile with one accumulator per output (1 row splits K over 4, 3 rows over 2)."""
     k = 20000
-    x = torch.ones(1, k)
+    x = torch.ones(m, k)
     w = torch.full((3, k), -128, dtype=torch.int8)
     s = torch.ones(3)
     y = kernels.linear_w8a16(x, kernels.pack_int8(w), s)
     total = torch.tensor(float(32767 * -128 * k))  # exact in int64, one float32 rounding
     sx = torch.tensor(1.0) / torch.tensor(32767.0)  # amax 1
-    assert torch.equal(y, (total * sx).expand(1, 3))
+    assert torch.equal(y, (total * sx).expand(m, 3))
     assert torch.equal(y, reference(x, w, s))
 
 

@@ -19,4 +19,4 @@ static void gelu_tanh_mul(const float* g, int64_t I, float* y, int64_t m0, int64
 
 #include "impl_w8a16.h"
 const Isa isa = {ES_NAME, linear, rms_norm, silu_mul, rope, attend, gelu_tanh_mul,
-                 linear_w8a16};
+                 linear_w8a16, quantize_i16};

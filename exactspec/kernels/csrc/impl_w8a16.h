@@ -2,73 +2,147 @@
 // written once over the integer lanes VI / XI of the including unit (vec_*.h), included after
 // impl.h inside one namespace per ISA.
 //
-// Each row of x is quantized to int16 by the caller (ops.cpp: x_q = round(x * 32767 / amax),
-// per row), so every product x_q * w is an integer and their sum over K is computed EXACTLY
-// (int32 lanes, widened to int64 every KCHUNK inputs, long before a lane can overflow): the
-// total is the same integer whatever the order, the lanes, the tiling, the ISA or the thread,
-// and y = (float(total) * sx[m]) * scale[n] is one fixed rounding of it. So the three units
-// agree bit for bit and a row's outputs never depend on the other rows of the call.
-// Per 32 weights: one widening load and one multiply-add (AVX-512 VNNI: vpdpwssd), against
-// two conversions and two FMAs per 32 on the float-activation path.
+// Each row of x is quantized to int16 first (quantize_i16 below: x_q = round(x * 32767 /
+// amax), per row), so every product x_q * w is an integer and their sum over K is computed EXACTLY
+// (int32 lanes, widened to int64 every KCHUNK inputs, before a lane can overflow): the total
+// is the same integer whatever the order, the lanes, the tiling, the ISA or the thread, and
+// y = (float(total) * sx[m]) * scale[n] is one fixed rounding of it. So the units agree bit
+// for bit and a row's outputs never depend on the other rows of the call.
+//
+// Lanes along OUTPUTS: the weights are packed (kernels.pack_int8) in panels of NP = 32 output
+// rows, each panel's K_p = K rounded up to 32 inputs (zero-padded) stored as K_p / 2 pairs of
+// inputs, a pair holding [32 outputs][2 inputs], so a panel is one contiguous stream. A pair
+// widened to int16 is two vectors whose lane i holds output i's two weights; a multiply-add
+// with the row's two activations broadcast (vpdpwssd with an embedded broadcast on AVX-512
+// VNNI) adds output i's two products to lane i. No horizontal sum: a lane is an output. Per 64
+// weight bytes: 2 widening loads, then 2 multiply-adds per row of x (the 4-row groups with one
+// horizontal int64 sum per output and 32 inputs per lane ran at ~6 multiply-adds a cycle).
+// Measured (rough, shared 2-core EPYC, one thread, smollm2's 121 products of a step, 134 MB):
+// 8 rows 18.6-21 -> 11.2-12.5 ms, 4 rows 9.5-14 -> 6.7-8.9 ms, 1 row 5.7-6.3 -> 4.1-4.2 ms.
 #pragma once
 
-// inputs per int32 lane run: a lane adds 2 products of |x_q| <= 32767, |w| <= 128 per 32
-// inputs, so 128 runs of 32 stay below 2^31 / (2 * 32767 * 128) = 256 runs
-constexpr int64_t KCHUNK = 4096;
+// inputs per int32 lane run: a lane adds 2 products of |x_q| <= 32767, |w| <= 128 per pair of
+// inputs, so 256 pairs reach at most 256 * 2 * 32767 * 128 = 2147418112 < 2^31
+constexpr int64_t KCHUNK = 512;
+constexpr int64_t NP = 32;  // output rows per panel (two vectors of 16 lanes)
+// Software prefetch of the panel's stream (measured, one thread, smollm2's 121 products, rough
+// on a shared machine): tiles of 3 rows or more 2048 bytes ahead into L1 (8 rows 14.1 ->
+// 11.2-12.1 ms, 4 rows 7.7 -> 6.7-7.0; non-temporal at 256-2048: 12.2-14.4, 7.8-8.4); tiles
+// of 1 or 2 rows, bound by the memory, 256 bytes ahead non-temporal (prefetchnta: one row
+// 5.7-6.3 -> 4.1-4.2 ms, two 5.9-7.0 -> 4.7-4.8; prefetcht0 at 512-4096 or prefetcht1 at
+// 2048-16384: no gain or slower)
+constexpr int64_t W8_AHEAD = 2048, W8_AHEAD_NTA = 256;
 
-// The weights are packed (kernels.pack_int8): groups of 4 output rows, each group's K_p = K
-// rounded up to 32 inputs (zero-padded) stored as K_p / 32 blocks of [4][32], so a group is one
-// contiguous stream (measured, one-row, AVX-512 EPYC, 2 threads: 25 GB/s against 11 GB/s
-// for four row-major rows of 576 bytes read side by side).
-
-// y[i, 4g + j] for the MR rows at xq and the 4 rows of group g (j < nr: a padded last group)
-template <int MR>
-static void w8a16_tile(const int16_t* xq, int64_t ldx, int64_t Kp, const int8_t* wg,
+// y[i, n + j] for the MR rows at xq and the outputs n + j (j < nr <= NP) of the panel at wp;
+// U independent accumulator sets over consecutive pairs (few rows: the multiply-add latency)
+template <int MR, int U>
+static void w8a16_tile(const int16_t* xq, int64_t ldx, int64_t Kp, const int8_t* wp,
                        const float* sx, const float* scale, float* y, int64_t ldy, int64_t n,
                        int64_t nr) {
-  int64_t total[MR][4];
+  int64_t total[MR][NP];
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < 4; ++j) total[i][j] = 0;
+    for (int j = 0; j < NP; ++j) total[i][j] = 0;
   for (int64_t c0 = 0; c0 < Kp; c0 += KCHUNK) {
     const int64_t c1 = c0 + KCHUNK < Kp ? c0 + KCHUNK : Kp;
-    VI acc[MR][4];
-    for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < 4; ++j) acc[i][j] = vi_zero();
-    for (int64_t k = c0; k < c1; k += 32) {
-      const int8_t* p = wg + k * 4;  // block k / 32 of the group: [4][32]
-      XI wv[4];
-      for (int j = 0; j < 4; ++j) wv[j] = vi_w32(p + j * 32);
-      for (int i = 0; i < MR; ++i) {
-        XI xv = vi_x32(xq + i * ldx + k);
-        for (int j = 0; j < 4; ++j) acc[i][j] = vi_dot(acc[i][j], xv, wv[j]);
+    VI acc[U][MR][2];
+    for (int u = 0; u < U; ++u)
+      for (int i = 0; i < MR; ++i) acc[u][i][0] = acc[u][i][1] = vi_zero();
+    for (int64_t k = c0; k < c1; k += 2 * U) {  // Kp and KCHUNK are multiples of 32 >= 2U
+      for (int u = 0; u < U; ++u) {
+        if (MR >= 3) __builtin_prefetch(wp + (k + 2 * u) * NP + W8_AHEAD, 0, 3);
+        else __builtin_prefetch(wp + (k + 2 * u) * NP + W8_AHEAD_NTA, 0, 0);
+      }
+      for (int u = 0; u < U; ++u) {
+        const int8_t* p = wp + (k + 2 * u) * NP;  // the pair (k + 2u) / 2: [32][2]
+        const XI w0 = vi_w32(p), w1 = vi_w32(p + 32);
+        for (int i = 0; i < MR; ++i) {
+          const int16_t* xi = xq + i * ldx + k + 2 * u;
+          acc[u][i][0] = vi_dot_pair(acc[u][i][0], w0, xi);
+          acc[u][i][1] = vi_dot_pair(acc[u][i][1], w1, xi);
+        }
       }
     }
-    for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < 4; ++j) total[i][j] += vi_sum(acc[i][j]);
+    for (int u = 0; u < U; ++u)
+      for (int i = 0; i < MR; ++i) {
+        vi_add64(total[i], acc[u][i][0]);
+        vi_add64(total[i] + 16, acc[u][i][1]);
+      }
   }
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < nr; ++j) {
-      float s = static_cast<float>(total[i][j]) * sx[i];
-      if (scale) s = s * scale[n + j];
-      y[i * ldy + n + j] = s;
+    for (int j = 0; j < nr; j += 16)
+      vi_out16(total[i] + j, sx[i], scale ? scale + n + j : nullptr, y + i * ldy + n + j,
+               static_cast<int>(nr - j < 16 ? nr - j : 16));
+}
+
+// One row of x rounded to int16 for the product: q[k] = round(x[k] * (32767 / amax)) (the
+// product rounded to float, then to the nearest integer, ties to even), clamped to +-32767,
+// for k < K and 0 up to Kp; *sx = amax / 32767. A row of zeros: zeros, sx 0; a NaN or an
+// infinity anywhere: zeros, sx NaN (NaN outputs). Over the float lanes V, so every unit
+// computes the same integers (the former scalar loop's, ~3.6 ns a value: 2.8 ms of the 8-row
+// step's 121 products).
+static void quantize_i16(const float* x, int64_t K, int64_t Kp, int16_t* q, float* sx) {
+  const V zero = vzero();
+  V mx = zero, bad = zero;
+  for (int64_t k = 0; k < K; k += 16) {
+    const V v = K - k >= 16 ? vload(x + k) : loadx_tail(x + k, K - k);
+    mx = vmax(mx, vmax(v, vsub(zero, v)));  // |v| (finite v)
+    bad = vadd(bad, vmul(v, zero));         // stays 0 unless some v is NaN or infinite
+  }
+  float m[16], b[16];
+  vstore(m, mx);
+  vstore(b, bad);
+  float amax = 0.0f, nonfinite = 0.0f;
+  for (int i = 0; i < 16; ++i) {
+    amax = m[i] > amax ? m[i] : amax;
+    nonfinite += b[i];
+  }
+  if (nonfinite != 0.0f || !(amax > 0.0f)) {
+    for (int64_t k = 0; k < Kp; ++k) q[k] = 0;
+    *sx = nonfinite != 0.0f ? __builtin_nanf("") : 0.0f;
+    return;
+  }
+  const V inv = vset1(32767.0f / amax), hi = vset1(32767.0f), lo = vset1(-32767.0f);
+  for (int64_t k = 0; k < K; k += 16) {
+    const int64_t r = K - k < 16 ? K - k : 16;
+    const V v = vmax(vmin(vround(vmul(r == 16 ? vload(x + k) : loadx_tail(x + k, r), inv)), hi),
+                     lo);
+    if (r == 16) {
+      vstore_i16(q + k, v);
+    } else {
+      int16_t t[16];
+      vstore_i16(t, v);
+      for (int64_t i = 0; i < r; ++i) q[k + i] = t[i];
     }
+  }
+  for (int64_t k = K; k < Kp; ++k) q[k] = 0;
+  *sx = amax / 32767.0f;
 }
 
 typedef void (*W8Fn)(const int16_t*, int64_t, int64_t, const int8_t*, const float*,
                      const float*, float*, int64_t, int64_t, int64_t);
 
-// y[m, n] for the groups g in [g0, g1) (outputs n = 4g + j < N), m in [0, M): each group
+// accumulator sets for a tile of MR rows (the unit's register budget: vec_*.h)
+constexpr int w8_unroll(int mr) { return mr == 1 ? ES_W8_U1 : (mr <= ES_W8_U2MR ? 2 : 1); }
+template <class S> struct W8Table;
+template <int... I> struct W8Table<std::integer_sequence<int, I...>> {
+  static constexpr W8Fn fns[] = {w8a16_tile<I + 1, w8_unroll(I + 1)>...};
+};
+
+// y[m, n] for the panels g in [g0, g1) (outputs n = NP g + j < N), m in [0, M): each panel
 // meets every row of x while in L1
 static void linear_w8a16(const int16_t* xq, int64_t ldx, int64_t M, int64_t Kp,
                          const int8_t* w, const float* sx, const float* scale, float* y,
                          int64_t ldy, int64_t N, int64_t g0, int64_t g1) {
-  static const W8Fn table[4] = {w8a16_tile<1>, w8a16_tile<2>, w8a16_tile<3>, w8a16_tile<4>};
+  static const W8Fn* table = W8Table<std::make_integer_sequence<int, ES_W8_MR>>::fns;
+  // rows in ceil(M / ES_W8_MR) balanced tiles (AVX-512, 8: 45 rows as 7 8 7 8 7 8, not
+  // 8 x 5 + 5; 9 rows as 4 5, not 8 + a one-row pass)
+  const int64_t tiles = (M + ES_W8_MR - 1) / ES_W8_MR;
   for (int64_t g = g0; g < g1; ++g) {
-    const int64_t n = 4 * g, nr = N - n < 4 ? N - n : 4;
-    for (int64_t m0 = 0; m0 < M; m0 += 4) {
-      const int64_t mr = M - m0 < 4 ? M - m0 : 4;
-      table[mr - 1](xq + m0 * ldx, ldx, Kp, w + g * 4 * Kp, sx + m0, scale, y + m0 * ldy, ldy,
-                    n, nr);
+    const int64_t n = NP * g, nr = N - n < NP ? N - n : NP;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t m0 = M * t / tiles, mr = M * (t + 1) / tiles - m0;
+      table[mr - 1](xq + m0 * ldx, ldx, Kp, w + g * NP * Kp, sx + m0, scale, y + m0 * ldy,
+                    ldy, n, nr);
     }
   }
 }

@@ -38,11 +38,14 @@ struct Isa {
   // y[m, i] = gelu_tanh(g[m, i]) * g[m, I + i], g: [M, 2I], for m in [m0, m1) (impl_act.h)
   void (*gelu_tanh_mul)(const float* g, int64_t I, float* y, int64_t m0, int64_t m1);
   // y[m, n] = (float(sum_k xq[m, k] w[n, k]) * sx[m]) * scale[n] (the sum exact, in integers)
-  // for the outputs n < N of the groups of 4 in [g0, g1), m in [0, M): xq int16 rows of
-  // stride ldx (>= Kp, zero-padded), w int8 packed in groups (impl_w8a16.h), K padded to Kp
+  // for the outputs n < N of the panels of 32 in [g0, g1), m in [0, M): xq int16 rows of
+  // stride ldx (>= Kp, zero-padded), w int8 packed in panels (impl_w8a16.h), K padded to Kp
   void (*linear_w8a16)(const int16_t* xq, int64_t ldx, int64_t M, int64_t Kp, const int8_t* w,
                        const float* sx, const float* scale, float* y, int64_t ldy, int64_t N,
                        int64_t g0, int64_t g1);
+  // one row of x [K] rounded to int16 for linear_w8a16: q[k] = round(x[k] * 32767 / amax),
+  // clamped to +-32767, zeros from K to Kp, *sx = amax / 32767 (impl_w8a16.h)
+  void (*quantize_i16)(const float* x, int64_t K, int64_t Kp, int16_t* q, float* sx);
 };
 
 namespace avx512vnni { extern const Isa isa; }

@@ -178,7 +178,7 @@ at::Tensor linear(const at::Tensor& x_, at::TensorList weights,
   return y;
 }
 
-// x [M, K] float32, w int8 packed by kernels.pack_int8 ([ceil(N / 4), Kp / 32, 4, 32], Kp = K
+// x [M, K] float32, w int8 packed by kernels.pack_int8 ([ceil(N / 32), Kp / 2, 32, 2], Kp = K
 // rounded up to 32), scales [N] float32: each row of x quantized to int16 (x_q = round(x *
 // (32767 / amax)), clamped, sx = amax / 32767, per row), then y = (float(sum_k x_q w) * sx) *
 // scales[n] with the sum exact (impl_w8a16.h), (+ residual)
@@ -189,51 +189,32 @@ at::Tensor linear_w8a16(const at::Tensor& x_, const at::Tensor& w, const at::Ten
   const int64_t M = x.size(0), K = x.size(1), Kp = (K + 31) / 32 * 32;
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.dim() == 1 && scales.is_contiguous(),
               "scales must be a contiguous float32 [N] tensor");
-  const int64_t N = scales.size(0), groups = (N + 3) / 4;
-  TORCH_CHECK(w.dim() == 4 && w.size(0) == groups && w.size(1) * 32 == Kp && w.size(2) == 4 &&
-                  w.size(3) == 32 && w.is_contiguous() && w.device().is_cpu() &&
+  // (the kernel converts an exact sum, |sum| <= K * 32767 * 128, to float through a double,
+  // exact below 2^51: impl_w8a16.h)
+  TORCH_CHECK(K < (int64_t{1} << 28), "linear_w8a16 takes rows of fewer than 2^28 inputs, got ", K);
+  const int64_t N = scales.size(0), panels = (N + 31) / 32;
+  TORCH_CHECK(w.dim() == 4 && w.size(0) == panels && w.size(1) * 2 == Kp && w.size(2) == 32 &&
+                  w.size(3) == 2 && w.is_contiguous() && w.device().is_cpu() &&
                   w.scalar_type() == at::kChar,
-              "w must be int8 packed by kernels.pack_int8: [", groups, ", ", Kp / 32,
-              ", 4, 32], got ", w.scalar_type(), " ", w.sizes());
+              "w must be int8 packed by kernels.pack_int8: [", panels, ", ", Kp / 2,
+              ", 32, 2], got ", w.scalar_type(), " ", w.sizes());
   const at::Tensor residual = residual_of(residual_, M, N);
-  at::Tensor xq = at::zeros({M, Kp}, x.options().dtype(at::kShort));
+  at::Tensor xq = at::empty({M, Kp}, x.options().dtype(at::kShort));
   at::Tensor sx = at::empty({M}, x.options());
   const float* xp = x.data_ptr<float>();
   int16_t* qp = xq.data_ptr<int16_t>();
   float* sp = sx.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) {  // per row: depends on that row only
-    float amax = 0.0f;
-    for (int64_t k = 0; k < K; ++k) {
-      const float a = std::fabs(xp[m * K + k]);
-      amax = (a > amax || a != a) ? a : amax;  // NaN propagates
-    }
-    if (!(amax > 0.0f) || !std::isfinite(amax)) {  // zeros; NaN or inf: NaN outputs
-      sp[m] = amax == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
-      continue;
-    }
-    const float inv = 32767.0f / amax;
-    // round to nearest even as nearbyint does, by the 1.5 * 2^23 trick (exact for |v| < 2^22,
-    // here |v| <= 32767 and a rounding; the product rounded first: -ffp-contract=off, and no
-    // fast-math folds (v + c) - c): no libm call per value, and it vectorizes
-    const float magic = 12582912.0f;
-    for (int64_t k = 0; k < K; ++k) {
-      const float shifted = xp[m * K + k] * inv + magic;  // v rounded to an integer
-      float q = shifted - magic;
-      q = q > 32767.0f ? 32767.0f : (q < -32767.0f ? -32767.0f : q);
-      qp[m * Kp + k] = static_cast<int16_t>(q);
-    }
-    sp[m] = amax / 32767.0f;
-  }
+  const Isa& k = isa();
+  for (int64_t m = 0; m < M; ++m) k.quantize_i16(xp + m * K, K, Kp, qp + m * Kp, sp + m);
   at::Tensor y = at::empty({M, N}, x.options());
   const float* rp = residual.defined() ? residual.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* scp = scales.data_ptr<float>();
-  const Isa& k = isa();
-  // chunks on whole groups of 4 rows
-  Chunks(M * N * K, groups, 1).run([&](int64_t g0, int64_t g1) {
+  // chunks on whole panels of 32 rows
+  Chunks(M * N * K, panels, 1).run([&](int64_t g0, int64_t g1) {
     k.linear_w8a16(qp, Kp, M, Kp, wp, sp, scp, yp, N, N, g0, g1);
-    if (rp) add_residual(yp, rp, M, N, 4 * g0, std::min(4 * g1, N));
+    if (rp) add_residual(yp, rp, M, N, 32 * g0, std::min(32 * g1, N));
   });
   return y;
 }

@@ -2,6 +2,7 @@
 #pragma once
 #include <immintrin.h>
 #include <cstdint>
+#include <cstring>
 
 struct V { __m512 v; };
 static inline V vzero() { return {_mm512_setzero_ps()}; }
@@ -16,6 +17,10 @@ static inline V vload_i8(const int8_t* p) {
   return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))};
 }
 static inline void vstore(float* p, V a) { _mm512_storeu_ps(p, a.v); }
+static inline void vstore_i16(int16_t* p, V a) {  // integral lanes within int16
+  const __m256i h = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(a.v));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+}
 static inline V vfma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 static inline V vadd(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
 static inline V vsub(V a, V b) { return {_mm512_sub_ps(a.v, b.v)}; }
@@ -52,6 +57,12 @@ static inline float vhsum(V a) {
 #define ES_NB_LARGE 16  // ... from 17 rows of x
 #define ES_MB 64  // rows of x per chunk
 #define ES_PF_LOC 2  // prefetch into L2 (prefetcht1): into L1 it evicts x (8 rows: 26 vs 17 ms)
+// the tiling of the int8 product (impl_w8a16.h; no effect on any result): rows per tile at
+// most, accumulator sets for one row, tiles of up to this many rows take 2 sets (2 x 32
+// accumulators: the 32 registers)
+#define ES_W8_MR 8
+#define ES_W8_U1 4
+#define ES_W8_U2MR 4
 // keep a loaded vector in a register (the compiler would otherwise fold the load into every
 // multiply-add that uses it)
 static inline void vkeep(V& a) { __asm__("" : "+v"(a.v)); }
@@ -59,21 +70,58 @@ static inline void vkeep(V& a) { __asm__("" : "+v"(a.v)); }
 // ---- 16 int32 lanes for the int8-weight x int16-activation product (impl_w8a16.h) ----
 struct VI { __m512i v; };
 static inline VI vi_zero() { return {_mm512_setzero_si512()}; }
-// lane i += x[2i] w[2i] + x[2i+1] w[2i+1] over 32 int16 activations and 32 int8 weights
+// 32 int8 weights widened to int16
 static inline __m512i vi_w32(const int8_t* w) {
   return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
 }
-static inline __m512i vi_x32(const int16_t* x) { return _mm512_loadu_si512(x); }
-static inline VI vi_dot(VI acc, __m512i x, __m512i w) {
+// lane i += a[2i] b[2i] + a[2i+1] b[2i+1] (int16 pairs)
+static inline VI vi_dot(VI acc, __m512i a, __m512i b) {
 #ifdef ES_VNNI
-  return {_mm512_dpwssd_epi32(acc.v, x, w)};
+  return {_mm512_dpwssd_epi32(acc.v, a, b)};
 #else
-  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(x, w))};
+  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(a, b))};
 #endif
 }
-static inline int64_t vi_sum(VI a) {  // exact: widened to int64 before adding
+// two int16 activations (x[0], x[1]) in every lane (folded into vpdpwssd's embedded broadcast)
+static inline __m512i vi_pair(const int16_t* x) {
+  int32_t v;
+  std::memcpy(&v, x, 4);
+  return _mm512_set1_epi32(v);
+}
+// acc lane i += w[2i] x[0] + w[2i+1] x[1]: vi_dot(acc, w, vi_pair(x)) with the broadcast
+// embedded in vpdpwssd (the compiler shares one vpbroadcastd between the multiply-adds of a
+// row, an extra vector instruction where the broadcast in the memory operand costs none)
+static inline VI vi_dot_pair(VI acc, __m512i w, const int16_t* x) {
+#ifdef ES_VNNI
+  __asm__("vpdpwssd %2%{1to16%}, %1, %0"
+          : "+v"(acc.v) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(x)));
+  return acc;
+#else
+  return vi_dot(acc, w, vi_pair(x));
+#endif
+}
+static inline void vi_add64(int64_t* t, VI a) {  // t[i] += lane i, exact: widened first
   __m512i lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(a.v));
   __m512i hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(a.v, 1));
-  return _mm512_reduce_add_epi64(_mm512_add_epi64(lo, hi));
+  _mm512_storeu_si512(t, _mm512_add_epi64(_mm512_loadu_si512(t), lo));
+  _mm512_storeu_si512(t + 8, _mm512_add_epi64(_mm512_loadu_si512(t + 8), hi));
+}
+// y[j] = (float(t[j]) * sx) * scale[j] (scale null: float(t[j]) * sx) for j < nr <= 16, with
+// |t[j]| < 2^51: float(t) as float(double(t)), double(t) exact by the 1.5 * 2^52 trick (no
+// AVX-512 DQ), one rounding to float: the bits of the scalar static_cast<float>(t)
+static inline void vi_out16(const int64_t* t, float sx, const float* scale, float* y, int nr) {
+  const __m512i magic_i = _mm512_set1_epi64(0x4338000000000000LL);
+  const __m512d magic_d = _mm512_set1_pd(6755399441055744.0);  // 1.5 * 2^52
+  __m256 f[2];
+  for (int h = 0; h < 2; ++h) {
+    __m512i v = _mm512_add_epi64(_mm512_loadu_si512(t + 8 * h), magic_i);
+    f[h] = _mm512_cvtpd_ps(_mm512_sub_pd(_mm512_castsi512_pd(v), magic_d));
+  }
+  __m512 r = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(f[0])),
+                                                 _mm256_castps_pd(f[1]), 1));
+  r = _mm512_mul_ps(r, _mm512_set1_ps(sx));
+  const __mmask16 m = nr >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
+  if (scale) r = _mm512_mul_ps(r, _mm512_maskz_loadu_ps(m, scale));
+  _mm512_mask_storeu_ps(y, m, r);
 }
 typedef __m512i XI;  // 32 int16 activations / weights widened to int16

@@ -19,6 +19,9 @@ static inline V vload_bf16(const uint16_t* p) {
 }
 static inline V vload_i8(const int8_t* p) ES_LANES(static_cast<float>(p[i]))
 static inline void vstore(float* p, V a) { for (int i = 0; i < 16; ++i) p[i] = a.l[i]; }
+static inline void vstore_i16(int16_t* p, V a) {  // integral lanes within int16
+  for (int i = 0; i < 16; ++i) p[i] = static_cast<int16_t>(a.l[i]);
+}
 static inline V vfma(V a, V b, V c) ES_LANES(__builtin_fmaf(a.l[i], b.l[i], c.l[i]))
 static inline V vadd(V a, V b) ES_LANES(a.l[i] + b.l[i])
 static inline V vsub(V a, V b) ES_LANES(a.l[i] - b.l[i])
@@ -54,6 +57,9 @@ static inline float vhsum(V a) {
 #define ES_NB_LARGE 32
 #define ES_MB (int64_t{1} << 40)
 #define ES_PF_LOC 3
+#define ES_W8_MR 4  // the int8 product's tiling (see vec_avx512.h)
+#define ES_W8_U1 2
+#define ES_W8_U2MR 1
 static inline void vkeep(V&) {}
 
 // ---- 16 int32 lanes for the int8-weight x int16-activation product (impl_w8a16.h) ----
@@ -61,10 +67,21 @@ struct VI { int32_t l[16]; };
 struct XI { int16_t l[32]; };
 static inline VI vi_zero() { VI r; for (int i = 0; i < 16; ++i) r.l[i] = 0; return r; }
 static inline XI vi_w32(const int8_t* w) { XI r; for (int i = 0; i < 32; ++i) r.l[i] = w[i]; return r; }
-static inline XI vi_x32(const int16_t* x) { XI r; for (int i = 0; i < 32; ++i) r.l[i] = x[i]; return r; }
+static inline XI vi_pair(const int16_t* x) {  // (x[0], x[1]) in every lane
+  XI r; for (int i = 0; i < 32; ++i) r.l[i] = x[i & 1]; return r;
+}
 static inline VI vi_dot(VI acc, XI x, XI w) {
   for (int i = 0; i < 16; ++i)
     acc.l[i] += x.l[2 * i] * w.l[2 * i] + x.l[2 * i + 1] * w.l[2 * i + 1];
   return acc;
 }
-static inline int64_t vi_sum(VI a) { int64_t s = 0; for (int i = 0; i < 16; ++i) s += a.l[i]; return s; }
+static inline VI vi_dot_pair(VI acc, XI w, const int16_t* x) { return vi_dot(acc, w, vi_pair(x)); }
+static inline void vi_add64(int64_t* t, VI a) { for (int i = 0; i < 16; ++i) t[i] += a.l[i]; }
+// y[j] = (float(t[j]) * sx) * scale[j] (scale null: float(t[j]) * sx) for j < nr <= 16
+static inline void vi_out16(const int64_t* t, float sx, const float* scale, float* y, int nr) {
+  for (int j = 0; j < nr; ++j) {
+    float s = static_cast<float>(t[j]) * sx;
+    if (scale) s = s * scale[j];
+    y[j] = s;
+  }
+}
