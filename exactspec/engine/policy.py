@@ -260,12 +260,14 @@ class DraftLengthPolicy:
 
     def _overhead(self, rows: int, width: int) -> float:
         """A step's time outside the draft and the target forward at `rows` rows and verify
-        `width`: measured there, else along the widths measured at these rows, else the
-        median over every step."""
+        `width`: measured there, else along the widths measured at these rows (one: half
+        fixed, half growing with the width), else the median over every step. (The median
+        for a wide verify next to a measured plain step: 0.023 s against plain's 0.19 s at 64
+        rows in a server, which made drafting 64 rows look cheaper outside the forwards.)"""
         if (rows, width) in self.overheads:
             return self.overheads[(rows, width)]
         same = sorted((w, t) for (b, w), t in self.overheads.items() if b == rows)
-        return _along(same, width) if len(same) >= 2 else self.overhead
+        return _along(same, width) if same else self.overhead
 
     def _probe_row(self, room: torch.Tensor) -> torch.Tensor:  # [B] -> [B] long
         """One draft token for the row with room the drafter lags least on; none elsewhere."""

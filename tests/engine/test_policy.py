@@ -403,6 +403,10 @@ def test_the_overhead_is_kept_per_verify_width_so_plain_is_not_charged_a_wide_ve
     pol.draft_cost = {64: 0.155}
     pol.target_cost = {(64, 1): 0.133, (64, 5): 0.58}
     pol.choose(rows=64)
+    pol.overhead, pol.overheads = 0.02, {(64, 1): 0.19}  # a server: plain measured here only
+    assert pol._overhead(64, 5) >= 0.19  # not the all-steps median for the wide verify
+    assert pol.choose(rows=64).tolist() == [0] * 64
+    pol.overheads = {}
     for width, outside in [(5, 0.26), (5, 0.26), (5, 0.26), (1, 0.03), (1, 0.03), (1, 0.03)]:
         pol.observe_costs(0.6 if width > 1 else 0.0, 4 if width > 1 else 0,
                           pol.target_cost[(64, width)], width, 64)
