@@ -258,14 +258,10 @@ def _can_share(adapter, model, layers) -> bool:
 
 def _cache_to_share(adapter, model, forward: LeanLlama) -> TargetAdapter | None:
     """The target's adapter when the quantized lean `forward` can draft on the target's own KV
-    cache (DraftModel._shared): the same model, every layer, the same cache dtype and attention
-    layout; None (a cache of its own) otherwise or when SHARE_TARGET_CACHE is off."""
-    if not SHARE_TARGET_CACHE or not isinstance(adapter, TargetAdapter):
-        return None
-    lean = adapter.lean
-    same = (lean is not None and adapter.model is model
-            and (lean.layer_ids, lean.kernels, lean.dtype)
-            == (forward.layer_ids, forward.kernels, forward.dtype))
+    cache (DraftModel._shared): `_can_share`, and the same cache dtype; None (a cache of its
+    own) otherwise."""
+    same = _can_share(adapter, model, forward.layer_ids) and (
+        (adapter.lean.kernels, adapter.lean.dtype) == (forward.kernels, forward.dtype))
     return adapter if same else None
 
 
