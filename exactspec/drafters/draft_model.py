@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+from types import SimpleNamespace
 
 import torch
 
@@ -208,11 +208,9 @@ class DraftModel:
         batch fed a token each; the others get no draft."""
         shared, dev = self._shared, self._adapter.device
         rows = (num_tokens.to(dev) > 0).nonzero().flatten()  # [R]
-        view = copy.copy(shared)  # the rows' cache and lengths, as the target holds them
-        view.cache = copy.copy(shared.cache)
-        view.cache.select(rows)
-        view.lengths = shared.lengths.index_select(0, rows)
-        self._shared = view
+        # the rows' cache and lengths, as the target holds them (all `_catch_up` reads)
+        self._shared = SimpleNamespace(cache=shared.cache.rows_copy(rows),
+                                       lengths=shared.lengths.index_select(0, rows))
         try:
             drafts, q = self.propose(rows_of(context, rows), num_tokens.index_select(0, rows))
         finally:

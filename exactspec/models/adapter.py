@@ -13,8 +13,6 @@ mask built here, so transformers never has to infer positions from the cache.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from transformers import PreTrainedModel
 
@@ -228,8 +226,7 @@ class TargetAdapter:
         for i, k in enumerate(full.keys):
             if k is not None:
                 full.buffers(i, k[:, :, :0], full.values[i][:, :, :0])
-        sub = copy.copy(full)  # its own lists after select: the rows' copy of every buffer
-        sub.select(rows)
+        sub = full.rows_copy(rows)
         self.cache, self.lengths = sub, lengths.index_select(0, rows)
         try:
             self.extend(tokens.to(self.device), logits_to_keep=1)

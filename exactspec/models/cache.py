@@ -7,6 +7,8 @@ by the next write. Ragged rows need no masked holes.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers.cache_utils import Cache
 
@@ -70,6 +72,13 @@ class SlotCache(Cache):
         self.keys = [k.index_select(0, rows) if k is not None else None for k in self.keys]
         self.values = [v.index_select(0, rows) if v is not None else None for v in self.values]
         self.rows = int(rows.numel())
+
+    def rows_copy(self, rows: torch.Tensor) -> SlotCache:
+        """A cache of its own holding a copy of `rows` ([R] long) of every buffer; this one is
+        left as it is."""
+        sub = copy.copy(self)  # its own lists after select
+        sub.select(rows)
+        return sub
 
     def cat(self, other: SlotCache) -> SlotCache:
         """This cache's rows followed by `other`'s, slots padded to the larger capacity."""
