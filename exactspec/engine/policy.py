@@ -33,6 +33,11 @@ PLAIN_MARGIN = 1.5
 # cost from a verify's (one point, half fixed) made it look 2x dearer at 64 rows than it was,
 # and drafting 64 rows ran at 0.55x plain's speed (es.generate, 64 rows x 64 tokens, 01:00 UTC)
 PLAIN_FIRST_ROWS = 4
+# a drafting batch re-measures the next wider verify once its latest measurement is this many
+# choices old: a width is measured only while chosen, so one slow measurement (a busy machine,
+# a cold first call) kept wider drafts out for good (one stream: width 5 at 36.6 ms against
+# 24.3 ms at width 4, so K = 3 at alpha 0.999 for whole answers, 2026-12-02)
+AUTO_REFRESH = 32
 
 
 def expected_tokens(alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -112,6 +117,10 @@ class DraftLengthPolicy:
         self._observations: dict = {}  # "draft" / width -> measurements taken so far
         self._windows: dict = {}  # ("draft", rows) / (rows, width) -> recent measurements
         self._probing = 0  # drafting steps left in the current probe
+        self._measured_at: dict[tuple[int, int], int] = {}  # (rows, width) -> choice measured at
+        # draft lengths the next choices take whatever the costs say (Decoder.calibrate's
+        # sweep over the widths), each capped by the rows' room; measured as any step
+        self.forced: collections.deque[int] = collections.deque()
         # (rows drafting, their lag) of the step chosen last; None: not chosen here (trees)
         self._chosen: tuple[int, float] | None = None
         self.overhead = 0.0  # seconds a step spends outside the draft and the target forward
@@ -150,6 +159,8 @@ class DraftLengthPolicy:
         self.steps += 1
         self._time_overhead()
         self._probe_step = False
+        if self.forced:
+            return self._note(torch.minimum(torch.full((b,), self.forced.popleft()), room))
         if self.auto and rows >= PLAIN_FIRST_ROWS and not self._plain_measured(rows):
             return self._note(torch.zeros(b, dtype=torch.long))
         if self.auto and rows >= PLAIN_FIRST_ROWS and not self.draft_cost:
@@ -224,10 +235,16 @@ class DraftLengthPolicy:
                 if not near and rates[k] < PLAIN_MARGIN * rates[0]:
                     k = 0  # plain's cost at this many rows is still a guess that could turn
                     # the choice: measure it once (one stream drafting at 0.95 skips it)
-                elif k < AUTO_MAX_DRAFT and (rows, int(width[k + 1]) + 1) not in self.target_cost:
+                elif k < AUTO_MAX_DRAFT and self._stale((rows, int(width[k + 1]) + 1)):
                     k += 1  # the next wider verify is a guess here (a line through the measured
-                    # ones overestimates it on CPUs): measure it, then the costs decide
+                    # ones overestimates it on CPUs), or its measurement is old: measure it,
+                    # then the costs decide
         return self._note(lengths(k))
+
+    def _stale(self, key: tuple[int, int]) -> bool:
+        """Whether the verify cost at (rows, width) is unmeasured or AUTO_REFRESH choices old."""
+        return key not in self.target_cost or \
+            self.steps - self._measured_at.get(key, 0) >= AUTO_REFRESH
 
     def _plain_measured(self, rows: int) -> bool:
         """Whether a plain (width 1) step was measured at a row count within a quarter of
@@ -365,6 +382,7 @@ class DraftLengthPolicy:
         cost = self._median((rows, width), target_seconds, width)
         if cost is not None:
             self.target_cost[(rows, width)] = cost
+            self._measured_at[(rows, width)] = self.steps
 
     def _median(self, key, value: float, first) -> float | None:
         """Record `value` under `key`; the median of its window, or None while `first` (a
@@ -391,7 +409,11 @@ class DraftLengthPolicy:
         self.lag = torch.cat([self.lag, lags])
 
     def select(self, rows: torch.Tensor) -> None:
+        """Keep these rows. An empty batch waits for requests: that wait is no step's outside
+        time (a server's idle second between two requests counted as one step's 1,009 ms)."""
         rows = rows.cpu()
+        if not len(rows):
+            self._last = None
         self.accepted = self.accepted[rows]
         self.rejections = self.rejections[rows]
         self.lag = self.lag[rows]

@@ -447,3 +447,56 @@ def test_an_admissions_prefill_is_kept_out_of_the_outside_time(monkeypatch):
         pol.exclude(prefill)
         pol.choose(rows=8)
     assert pol.overheads[(8, 1)] == pytest.approx(0.010)
+
+
+def test_a_wider_verify_measured_long_ago_is_measured_again():
+    """A width is measured only while chosen: one slow measurement (width 5 at 36.6 ms against
+    24.3 ms at width 4, a cold first call) kept one stream at K = 3 with alpha 0.999 for whole
+    answers. Once a drafting batch's next wider measurement is AUTO_REFRESH choices old, it
+    drafts one more token to measure it again (every AUTO_PROBE_EVERY steps)."""
+    from exactspec.engine import policy as policy_module
+
+    pol = _policy([990], [1], draft_cost=0.0098,
+                  target_costs={1: 0.0258, 3: 0.0242, 4: 0.0243, 5: 0.0366})
+    assert pol.choose().tolist() == [3]  # width 5 looks dear: K = 3
+    pol.steps = AUTO_PROBE_EVERY - 1
+    assert pol.choose().tolist() == [3]  # measured recently (choice 0): no refresh
+    pol.steps = policy_module.AUTO_REFRESH + AUTO_PROBE_EVERY - 1
+    assert pol.choose().tolist() == [4]  # old: width 5 is measured again
+    pol.target_cost[(1, 5)], pol._measured_at[(1, 5)] = 0.0245, pol.steps  # measured again
+    assert pol.choose().tolist()[0] >= 4  # the costs decide: wider now
+    # the wrong variant, no refresh, keeps K = 3 at every later multiple of AUTO_PROBE_EVERY
+    stuck = _policy([990], [1], draft_cost=0.0098,
+                    target_costs={1: 0.0258, 3: 0.0242, 4: 0.0243, 5: 0.0366})
+    refresh = policy_module.AUTO_REFRESH
+    try:
+        policy_module.AUTO_REFRESH = 10 ** 9
+        stuck.steps = refresh + AUTO_PROBE_EVERY - 1
+        assert stuck.choose().tolist() == [3]
+    finally:
+        policy_module.AUTO_REFRESH = refresh
+
+
+def test_an_empty_batchs_wait_is_no_steps_outside_time(monkeypatch):
+    """A server's batch empties between requests; the wait for the next one is not the last
+    step's outside time (one idle second was measured as a 1,009 ms plain step overhead)."""
+    import exactspec.engine.policy as policy_module
+
+    now = [100.0]
+    monkeypatch.setattr(policy_module.time, "perf_counter", lambda: now[0])
+
+    def serve(empties: bool) -> float:
+        pol = DraftLengthPolicy("auto", 1)
+        pol.choose(rows=1)
+        for idle in (0.0, 0.0, 1.0, 1.0, 1.0):
+            pol.observe_costs(0.0, 0, 0.025, 1, 1)
+            now[0] += 0.025 + 0.002
+            if idle and empties:  # the request ended: the batch empties, then one is admitted
+                pol.select(torch.zeros(0, dtype=torch.long))
+                pol.admit(1)
+            now[0] += idle
+            pol.choose(rows=1)
+        return pol.overheads[(1, 1)]
+
+    assert serve(empties=True) == pytest.approx(0.002)
+    assert serve(empties=False) == pytest.approx(1.002)  # a batch that stays: it is measured
