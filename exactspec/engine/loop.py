@@ -8,6 +8,7 @@ the distribution of the bonus token. A row that ends leaves the batch at the end
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -157,6 +158,36 @@ class Decoder:
         alive = [j for j, r in enumerate(self.batch.rows) if r.output.finish_reason is None]
         self.batch.select(alive)
         return gained
+
+    @torch.inference_mode()
+    def calibrate(self, prompt: list[int], *, passes: int = 2) -> float:
+        """Measure what "auto" draft lengths need at one row before serving: one row decodes
+        `prompt`'s continuation drafting K = 0, 1, ..., AUTO_MAX_DRAFT in turn, `passes` times
+        (the first measurement of each width is dropped), then leaves. A server's first
+        answers otherwise paid for the exploration (K started at 4 and climbed one width per
+        AUTO_PROBE_EVERY steps; one slow measurement kept a width out). Returns the seconds
+        taken; does nothing (0.0) without auto K or with rows in flight."""
+        policy = self.batch.policy
+        if not policy.auto or self.rows or not prompt:
+            return 0.0
+        start = time.perf_counter()
+        ks = list(range(AUTO_MAX_DRAFT + 1)) * passes
+        budget = sum(k + 1 for k in ks)  # tokens, if every draft is kept
+        keep = self.target.max_context - budget - AUTO_MAX_DRAFT - 1  # prompt tokens that fit
+        if keep < 1:
+            return 0.0
+        row = self.make_row(-1, prompt[-keep:], SamplingParams(), 0, max_new_tokens=budget,
+                            stop=[])
+        row.stop.eos = set()  # the sweep runs its whole length
+        policy.forced.extend(ks)
+        self.admit([row])
+        try:
+            while self.rows and policy.forced:
+                self.step()
+        finally:
+            policy.forced.clear()
+            self.drop([row.id])
+        return time.perf_counter() - start
 
     def drop(self, ids) -> list[Row]:
         """Remove the rows with these ids (a client gone) before the next step; returns them."""

@@ -42,6 +42,10 @@ from exactspec.serve.protocol import ApiError, RequestSpec
 from exactspec.serve.rows import RowText
 
 log = logging.getLogger(__name__)
+# what the engine decodes to calibrate "auto" draft lengths before serving (any text works)
+CALIBRATION_TEXT = ("The lighthouse stood at the end of the harbour wall. Every evening the "
+                    "keeper climbed its stairs, trimmed the wick and wrote the weather in his "
+                    "book. Ships passed in the night, and")
 
 
 @dataclass
@@ -206,7 +210,7 @@ class ServingEngine:
     # --- the engine thread ----------------------------------------------------------------
 
     def _loop(self) -> None:
-        decoder = None  # the engine: rows in flight; rebuilt after an internal error
+        decoder = self._calibrated()  # the engine: rows in flight; rebuilt after an error
         live: dict[int, tuple[Submission, Choice, Row]] = {}  # row id -> its request
         while True:
             with self._cond:
@@ -275,6 +279,25 @@ class ServingEngine:
                            eos_token_ids=self.model.eos_token_ids, stop=[],
                            tokenizer=self.model.tokenizer)
         return Decoder(self.model, self.drafter, cfg, on_fault="plain")
+
+    def _calibrated(self) -> Decoder | None:
+        """With a drafter and "auto" K, the decoder, its draft-length policy calibrated on one
+        row (`Decoder.calibrate`: every verify width measured, a second or two on a small
+        model) before the first request, which otherwise paid for the exploration; requests
+        arriving meanwhile wait in the queue. None (built at the first request) otherwise,
+        or if calibrating failed (logged: the policy explores as it serves)."""
+        if self.drafter is None or self.config.num_draft_tokens != "auto":
+            return None
+        try:
+            decoder = self._decoder()
+            prompt = self.model.encode(CALIBRATION_TEXT) if self.model.tokenizer is not None \
+                else [0] * 16  # token ids only: any ids do
+            seconds = decoder.calibrate(prompt)
+        except Exception:
+            log.exception("calibrating the draft-length policy failed; it explores as it serves")
+            return None
+        log.info("calibrated the draft-length policy in %.1f s", seconds)
+        return decoder
 
     def _rows(self, decoder: Decoder, subs: list[Submission],
               live: dict[int, tuple[Submission, Choice, Row]]) -> list[Row]:

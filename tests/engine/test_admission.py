@@ -270,3 +270,29 @@ def test_llama_cpp_draft_admission_keeps_sequences_and_reuses_freed_ones(target)
     for r in (rows[0], rows[2], rows[3]):
         plain = generate(target, [r.prompt], params=greedy, max_new_tokens=16)[0].token_ids
         assert r.output.tokens == plain
+
+
+def test_calibrate_measures_every_verify_width_at_one_row_then_leaves(target, monkeypatch):
+    """Decoder.calibrate (what a server runs before its first request, with auto K): one row
+    drafts K = 0..AUTO_MAX_DRAFT in turn, twice (a width's first measurement is dropped), so
+    every verify width has its cost at one row; then the batch is empty again and a request
+    decodes exactly as without it (greedy equals plain)."""
+    from exactspec.engine.policy import AUTO_MAX_DRAFT
+
+    counter = Counter(monkeypatch)
+    dec = _decoder(target, _drafter("quantized", target), k="auto")
+    seconds = dec.calibrate(list(PROMPTS[0]))
+    assert seconds > 0 and dec.rows == [] and not dec.batch.policy.forced
+    verifies = [w for b, w in counter.of(dec.batch.target) if b == 1][1:]  # after the prefill
+    assert verifies == list(range(1, AUTO_MAX_DRAFT + 2)) * 2
+    measured = {w for (b, w) in dec.batch.policy.target_cost if b == 1}
+    assert measured == set(range(1, AUTO_MAX_DRAFT + 2))
+    greedy = SamplingParams(temperature=0.0)
+    row = dec.make_row(0, list(PROMPTS[1]), greedy, 0, max_new_tokens=12)
+    dec.admit([row])
+    while dec.rows:
+        dec.step()
+    (plain,) = generate(target, [list(PROMPTS[1])], max_new_tokens=12, params=greedy)
+    assert row.output.tokens == plain.token_ids
+    # fixed K: nothing to calibrate
+    assert _decoder(target, PromptLookup(), k=K).calibrate(list(PROMPTS[0])) == 0.0

@@ -81,3 +81,49 @@ def test_bench_targets_are_checked():
     t = targets(summary, "spec", speed, {"16": 1.1})
     assert [v["met"] for v in t.values()] == [True, True, False, True, True, True]
     assert t["speedup at 16 streams >= 1.0"]["value"] == pytest.approx(0.97)
+
+
+def test_a_server_process_that_exits_at_start_says_why():
+    """bench-serve's servers run in their own processes (serve/process.py); one that dies
+    while loading is a RuntimeError carrying its exit status and the end of its output."""
+    import sys
+
+    from exactspec.serve.process import ServerProcess
+
+    class Broken(ServerProcess):
+        name = "test server"
+
+        def command(self):
+            return [sys.executable, "-c", "import sys; print('no such model: x'); sys.exit(3)"]
+
+    srv = Broken(start_timeout=30)
+    with pytest.raises(RuntimeError, match=r"the test server exited with 3: no such model: x"):
+        srv.__enter__()
+    assert srv.log is None and srv.proc.poll() == 3  # its output file closed
+
+
+@pytest.mark.parametrize("drafter, k, calibrates", [(True, "auto", True), (True, 3, False),
+                                                    (False, 0, False)])
+def test_the_engine_calibrates_auto_draft_lengths_before_serving(monkeypatch, drafter, k,
+                                                                 calibrates):
+    """With a drafter and auto K the engine thread measures every verify width at one row
+    (Decoder.calibrate) before the first request; with a fixed K or no drafter it does not."""
+    from exactspec.drafters import PromptLookup
+    from exactspec.engine.loop import Decoder
+    from exactspec.serve import EngineConfig, ServingEngine
+    from tests.engine.tiny import tiny_model
+
+    seen = []
+    real = Decoder.calibrate
+
+    def calibrate(self, prompt, **kw):
+        seen.append(len(prompt))
+        return real(self, prompt, **kw)
+
+    monkeypatch.setattr(Decoder, "calibrate", calibrate)
+    engine = ServingEngine(tiny_model(0, eos=0), PromptLookup() if drafter else None,
+                           EngineConfig(num_draft_tokens=k))
+    engine.start()
+    engine.stop(drain=True, timeout=30)  # the thread calibrates, if it does, before it waits
+    assert not engine._thread.is_alive()
+    assert bool(seen) == calibrates and all(n > 0 for n in seen)
