@@ -20,7 +20,8 @@ def _ints(text: str) -> list[int]:
 def add(sub) -> None:
     p = sub.add_parser(
         "bench-serve", help="throughput and latency of the server, speculative vs plain",
-        description="Starts two servers over the same model in this process (127.0.0.1): one "
+        description="Starts two servers over the same model, each in its own process "
+        "(127.0.0.1), as a user runs them: one "
         "speculating with the chosen drafter (default --quantized-draft 8), one plain. For "
         "each concurrency, that many streaming clients send a fixed list of chat requests; "
         "the servers take turns; the llama-cpp-python OpenAI server on the model's GGUF "
@@ -64,8 +65,9 @@ def run(args) -> int:
     if not (choice.prompt_lookup or choice.draft or choice.eagle or choice.quantized_draft
             or choice.cross_vocab_draft):
         choice.quantized_draft = 8  # the issue's comparison: the quantized self-draft
-    model = load(args.model)
-    drafter, name = build_drafter(choice, model)
+    model = load(args.model)  # here too: a wrong --model or drafter is one line, not a crash
+    _, name = build_drafter(choice, model)  # in the servers' processes
+    del model
     cfg = ServeBenchConfig(streams=streams, requests_per_stream=args.requests_per_stream,
                            max_tokens=args.max_tokens, temperature=args.temperature,
                            rounds=args.rounds, num_draft_tokens=args.num_draft_tokens,
@@ -76,7 +78,7 @@ def run(args) -> int:
         print(f"{server}: {res.streams} streams, {res.throughput:.1f} tok/s, "
               f"{res.failed} failed", flush=True)
 
-    result = bench_serve(model, drafter, name, cfg, progress=progress, model_arg=args.model)
+    result = bench_serve(args.model, choice, name, cfg, progress=progress)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_serve.json").write_text(json.dumps(result, indent=1))

@@ -1,8 +1,9 @@
 """`exactspec bench-serve`: the server under concurrent streaming load, speculative vs plain.
 
-Method: two servers over the same loaded model (one with the drafter, one plain decoding)
-run in this process on 127.0.0.1, and, when it is installed, the llama-cpp-python OpenAI
-server on the model's GGUF (a subprocess, same threads; `serve/llama_server.py`); for each
+Method: two servers over the same model (one with the drafter, one plain decoding), each in
+its own process on 127.0.0.1 as a user runs it (`serve/process.py`: in this process the
+clients' Python stole the engine's), and, when it is installed, the llama-cpp-python OpenAI
+server on the model's GGUF (also a subprocess, same threads; `serve/llama_server.py`); for each
 concurrency c, `c` streaming clients share a fixed list of chat requests (the bench workloads'
 prompts, seeded, temperature as configured), the servers taking turns round by round so a
 busy patch of the machine hits each. Per run:
@@ -29,11 +30,10 @@ from pathlib import Path
 
 import httpx
 
-from exactspec.drafters.base import Drafter
-from exactspec.models.loading import Model
 from exactspec.serve.app import ServerConfig
 from exactspec.serve.engine import EngineConfig
-from exactspec.serve.main import BackgroundServer
+from exactspec.serve.main import DrafterChoice, EngineSpec
+from exactspec.serve.process import EngineProcess
 
 
 @dataclass
@@ -155,28 +155,30 @@ async def run_load(url: str, model_name: str, prompts: list[str], streams: int, 
                       acceptance_length=tokens / steps if steps else 0.0)
 
 
-def bench_serve(model: Model, drafter: Drafter | None, drafter_name: str,
+def bench_serve(model: str, drafter: DrafterChoice, drafter_name: str,
                 cfg: ServeBenchConfig, *, prompts: list[str] | None = None,
-                progress=None, model_arg: str | None = None) -> dict:
+                progress=None) -> dict:
     """Every server at every concurrency; the JSON-ready result (see `format_table`).
-    `model_arg` (what --model named) finds the GGUF for the llama.cpp server."""
+    `model` is what --model names (es.load's argument; it also finds the GGUF for the
+    llama.cpp server), `drafter` the speculative server's choice, `drafter_name` its name."""
     from contextlib import ExitStack
 
     from exactspec.serve.llama_server import LlamaServer, gguf_of, llama_server_missing
 
     prompts = prompts or bench_prompts()
     servers: dict[str, object] = {}
-    for name, d in (("plain", None), (drafter_name, drafter)):
-        k = cfg.num_draft_tokens if d is not None else 0
-        config = ServerConfig(served_name=model.name, drafter_name=name, engine=EngineConfig(
+    for name, choice in (("plain", DrafterChoice()), (drafter_name, drafter)):
+        k = cfg.num_draft_tokens if name != "plain" else 0
+        config = ServerConfig(served_name=model, drafter_name=name, engine=EngineConfig(
             max_batch=cfg.max_batch, max_queue=max(64, max(cfg.streams) * 2),
             num_draft_tokens=k))
-        servers[name] = BackgroundServer(model, d, config)
+        servers[name] = EngineProcess(EngineSpec(model=model, drafter=choice, config=config,
+                                                 threads=cfg.threads))
     skipped = None
     if cfg.llama_server:
-        gguf = gguf_of(model_arg) if model_arg else None
+        gguf = gguf_of(model)
         skipped = llama_server_missing() or (None if gguf else
-                                             f"no GGUF file for {model_arg!r}")
+                                             f"no GGUF file for {model!r}")
         if skipped is None:
             import torch
 
@@ -185,14 +187,17 @@ def bench_serve(model: Model, drafter: Drafter | None, drafter_name: str,
                                                     for name in servers}
     started = time.perf_counter()
     with ExitStack() as stack:
-        urls = {name: stack.enter_context(srv).url for name, srv in servers.items()}
+        for srv in servers.values():  # they load at once
+            stack.callback(srv.__exit__)
+            srv.start()
+        urls = {name: srv.wait_ready().url for name, srv in servers.items()}
         for name in servers:  # warm-up: first-call costs are not measured
-            asyncio.run(run_load(urls[name], model.name, prompts, 1, 1, 4, cfg.temperature,
+            asyncio.run(run_load(urls[name], model, prompts, 1, 1, 4, cfg.temperature,
                                  cfg.seed, chunk_tokens=name == LLAMA))
         for _ in range(cfg.rounds):
             for c in cfg.streams:
                 for name in servers:
-                    res = asyncio.run(run_load(urls[name], model.name, prompts, c,
+                    res = asyncio.run(run_load(urls[name], model, prompts, c,
                                                c * cfg.requests_per_stream, cfg.max_tokens,
                                                cfg.temperature, cfg.seed,
                                                chunk_tokens=name == LLAMA))
@@ -205,7 +210,7 @@ def bench_serve(model: Model, drafter: Drafter | None, drafter_name: str,
                               summary["plain"][str(c)]["throughput"]) for c in cfg.streams}
     ttft_ratio = {str(c): _ratio(summary[drafter_name][str(c)]["ttft_p50"],
                                  summary["plain"][str(c)]["ttft_p50"]) for c in cfg.streams}
-    return {"model": model.name, "drafter": drafter_name, "config": asdict(cfg),
+    return {"model": model, "drafter": drafter_name, "config": asdict(cfg),
             "results": summary, "speedup": speedup, "ttft_ratio": ttft_ratio,
             "targets": targets(summary, drafter_name, speedup, ttft_ratio),
             "llama_server_skipped": skipped,

@@ -14,15 +14,10 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-import httpx
-
-from exactspec.serve.main import free_port
+from exactspec.serve.process import ServerProcess
 
 log = logging.getLogger(__name__)
 
@@ -52,50 +47,21 @@ def gguf_of(model: str) -> Path | None:
     return None
 
 
-class LlamaServer:
+class LlamaServer(ServerProcess):
     """`python -m llama_cpp.server` on `gguf`, 127.0.0.1, a free port; a context manager."""
+
+    name = "llama.cpp server"
+    health = "/v1/models"
 
     def __init__(self, gguf: Path, *, threads: int, n_ctx: int = 4096,
                  start_timeout: float = 180.0) -> None:
+        super().__init__(start_timeout=start_timeout, stop_timeout=30.0)
         self.gguf = gguf  # the model file
-        self.port = free_port()  # where it listens
-        self.url = f"http://127.0.0.1:{self.port}"  # base URL
         self.cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host",
                     "127.0.0.1", "--port", str(self.port), "--n_threads", str(threads),
                     "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
                     # by default a new request cuts the running one short; queue them instead
                     "--interrupt_requests", "False"]
-        self.start_timeout = start_timeout  # seconds to wait for /v1/models
-        self.proc: subprocess.Popen | None = None  # the server process, once started
-        self.log = None  # its output file, once started
 
-    def __enter__(self) -> LlamaServer:
-        # its log goes to a file: llama.cpp writes more than a pipe holds, then blocks
-        self.log = tempfile.TemporaryFile()  # the server's stdout and stderr
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        end = time.monotonic() + self.start_timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                err = self.log.read().decode(errors="replace")[-400:]
-                raise RuntimeError(f"the llama.cpp server exited with {self.proc.returncode}: "
-                                   f"{err}")
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.__exit__()
-        raise RuntimeError(f"the llama.cpp server did not answer in {self.start_timeout:g} s")
-
-    def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        if getattr(self, "log", None) is not None:
-            self.log.close()
+    def command(self) -> list[str]:
+        return self.cmd

@@ -3,7 +3,8 @@
 `serve(...)` is what `exactspec serve` calls: uvicorn handles SIGTERM / SIGINT by closing the
 listening socket and waiting for the open requests (running and queued) to finish, then the
 app's lifespan stops the engine. `BackgroundServer` runs the same app in a thread of this
-process, on 127.0.0.1 and a free port, for tests and `exactspec bench-serve`.
+process, on 127.0.0.1 and a free port, for tests. `EngineSpec` is what a server in another
+process (a Ray replica, `exactspec bench-serve`'s servers) builds for itself: `build_server`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import uvicorn
 
@@ -66,6 +67,32 @@ def build_drafter(choice: DrafterChoice, target: Model) -> tuple[Drafter | None,
         return None, "plain"
     return build(spec, target), spec.name + ("" if spec.source in (None, "") else
                                               f":{spec.source}")
+
+
+@dataclass
+class EngineSpec:
+    """What a server in another process builds for itself (sent there, so plain data)."""
+
+    model: str  # es.load's argument: embedded name, transformers directory or .gguf
+    drafter: DrafterChoice = field(default_factory=DrafterChoice)  # none: plain decoding
+    config: ServerConfig | None = None  # the HTTP and engine settings
+    threads: int | None = None  # torch CPU threads (None: torch's default)
+    host: str | None = "127.0.0.1"  # where its server listens; None: its node's IP (Ray)
+
+
+def build_server(spec: EngineSpec) -> tuple[Model, Drafter | None, ServerConfig]:
+    """Load the model and build the drafter a spec names, in this process; the config names
+    the drafter."""
+    import torch
+
+    from exactspec.models import load
+
+    if spec.threads is not None:
+        torch.set_num_threads(spec.threads)
+    model = load(spec.model)
+    drafter, name = build_drafter(spec.drafter, model)
+    config = replace(spec.config or ServerConfig(served_name=spec.model), drafter_name=name)
+    return model, drafter, config
 
 
 def serve(model: Model, drafter: Drafter | None, config: ServerConfig, *, host: str = "127.0.0.1",

@@ -23,7 +23,6 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass, field, replace
 
 import httpx
 from fastapi import FastAPI, Request
@@ -33,8 +32,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
-from exactspec.serve.app import ServerConfig
-from exactspec.serve.main import BackgroundServer, DrafterChoice, build_drafter
+from exactspec.serve.main import BackgroundServer, EngineSpec, build_server
 from exactspec.serve.metrics import CONTENT_TYPE, PREFIX
 
 log = logging.getLogger(__name__)
@@ -43,30 +41,14 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host
         "content-encoding"}  # headers that belong to one HTTP hop, not to the answer
 
 
-@dataclass
-class ReplicaSpec:
-    """What each engine replica builds for itself (sent to the replicas, so plain data)."""
-
-    model: str  # es.load's argument: embedded name, transformers directory or .gguf
-    drafter: DrafterChoice = field(default_factory=DrafterChoice)  # none: plain decoding
-    config: ServerConfig | None = None  # the HTTP and engine settings of every replica
-    threads: int | None = None  # torch CPU threads per replica (None: torch's default)
-    host: str | None = "127.0.0.1"  # where a replica's own server listens; None: its node's IP
+ReplicaSpec = EngineSpec  # what each engine replica builds for itself
 
 
 class EngineReplica:
     """One engine replica: the model, its drafter and a single-engine server on `spec.host`."""
 
     def __init__(self, spec: ReplicaSpec) -> None:
-        import torch
-
-        import exactspec
-
-        if spec.threads is not None:
-            torch.set_num_threads(spec.threads)
-        model = exactspec.load(spec.model)
-        drafter, name = build_drafter(spec.drafter, model)
-        config = replace(spec.config or ServerConfig(served_name=spec.model), drafter_name=name)
+        model, drafter, config = build_server(spec)
         host = spec.host
         if host is None:  # a cluster of several machines: the router reaches it there
             import ray
