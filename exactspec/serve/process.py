@@ -47,7 +47,7 @@ class ServerProcess:
         return None
 
     def start(self) -> None:
-        """Start the process without waiting for it (servers started together load together)."""
+        """Start the process without waiting for it."""
         # its log goes to a file: a server writes more than a pipe holds, then blocks
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 (open until __exit__) its output
         data = self.stdin()
