@@ -66,7 +66,7 @@ run: $(STAMP) $(LLAMA_STAMP) $(KERNELS_STAMP)
 
 test: $(STAMP) $(LLAMA_STAMP) $(KERNELS_STAMP)
 	$(VENV)/bin/ruff check exactspec tests
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 audit: $(STAMP)
 	$(VENV)/bin/exactspec audit
