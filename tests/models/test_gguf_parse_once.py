@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gguf
 
-from exactspec.models.loading import _one_gguf_parse
+from exactspec.models.gguf_convert import one_gguf_parse
 
 
 def _tiny_gguf(path):
@@ -22,7 +22,7 @@ def _tiny_gguf(path):
 def test_one_reader_per_file_inside_the_block_and_the_real_class_after(tmp_path):
     first, second = _tiny_gguf(tmp_path / "a.gguf"), _tiny_gguf(tmp_path / "b.gguf")
     real = gguf.GGUFReader
-    with _one_gguf_parse():
+    with one_gguf_parse():
         from gguf import GGUFReader  # as transformers imports it, inside its function
 
         a = GGUFReader(first)
