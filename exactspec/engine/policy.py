@@ -9,8 +9,9 @@ import time
 import torch
 
 from exactspec.drafters.draft_model import prefills_at_once
-from exactspec.engine.curves import along as _along
-from exactspec.engine.curves import mean_by_key as _mean_by_key
+from exactspec.engine.curves import outside_cost as _outside_cost
+from exactspec.engine.curves import per_rows as _per_rows
+from exactspec.engine.curves import verify_cost as _verify_cost
 
 AUTO_MAX_DRAFT = 8  # the longest draft "auto" proposes
 AUTO_PROBE_EVERY = 8  # a batch that stopped drafting still drafts one token after this many steps
@@ -276,15 +277,8 @@ class DraftLengthPolicy:
         self._excluded += seconds
 
     def _overhead(self, rows: int, width: int) -> float:
-        """A step's time outside the draft and the target forward at `rows` rows and verify
-        `width`: measured there, else along the widths measured at these rows (one: half
-        fixed, half growing with the width), else the median over every step. (The median
-        for a wide verify next to a measured plain step: 0.023 s against plain's 0.19 s at 64
-        rows in a server, which made drafting 64 rows look cheaper outside the forwards.)"""
-        if (rows, width) in self.overheads:
-            return self.overheads[(rows, width)]
-        same = sorted((w, t) for (b, w), t in self.overheads.items() if b == rows)
-        return _along(same, width) if same else self.overhead
+        """A step's time outside the draft and the target forward (curves.outside_cost)."""
+        return _outside_cost(self.overheads, self.overhead, rows, width)
 
     def _probe_row(self, room: torch.Tensor) -> torch.Tensor:  # [B] -> [B] long
         """One draft token for the row with room the drafter lags least on; none elsewhere."""
@@ -301,34 +295,14 @@ class DraftLengthPolicy:
         return want
 
     def _target_cost(self, rows: int, width: int) -> float:
-        # a (rows, width) already measured uses its own estimate: on CPUs the cost is far from
-        # linear (smollm2-135m, 1 thread, one row: 37, 47, 80, 104 ms at widths 1, 2, 5, 9),
-        # and a line through all of them overestimates width 1, drafting where plain is faster
-        if (rows, width) in self.target_cost:
-            return self.target_cost[(rows, width)]
-        n = rows * width
-        same = [(b * w, t) for (b, w), t in self.target_cost.items() if b == rows]
-        if len(same) >= 2:  # widths measured at this many rows: along them
-            return _along(sorted(same), n)
-        model = sorted(_mean_by_key((b * w, t) for (b, w), t in self.target_cost.items()))
-        if same:  # one width at these rows: its cost, scaled as the tokens model scales
-            n0, t0 = same[0]
-            return t0 * _along(model, n) / max(_along(model, n0), 1e-12)
-        return _along(model, n)
+        return _verify_cost(self.target_cost, rows, width)
 
     def _draft_costs(self, rows: int) -> torch.Tensor:  # [rows + 1] float64
         """_draft_cost(n) for n = 0..rows drafting rows."""
-        points = sorted(self.draft_cost.items())
-        return torch.tensor([0.0] + [self.draft_cost[n] if n in self.draft_cost
-                                     else _along(points, n) for n in range(1, rows + 1)],
-                            dtype=torch.float64)
+        return torch.tensor([self._draft_cost(n) for n in range(rows + 1)], dtype=torch.float64)
 
     def _draft_cost(self, rows: int) -> float:
-        if rows == 0:
-            return 0.0
-        if rows in self.draft_cost:
-            return self.draft_cost[rows]
-        return _along(sorted(self.draft_cost.items()), rows)
+        return _per_rows(self.draft_cost, rows)
 
     def observe(self, drafted: torch.Tensor, accepted: torch.Tensor) -> None:
         """Per row: drafts proposed [B] and kept [B] in the last step."""
