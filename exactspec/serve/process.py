@@ -46,27 +46,18 @@ class ServerProcess:
         """What the child reads on its standard input (None: nothing)."""
         return None
 
-    def start(self) -> None:
-        """Start the process without waiting for it."""
+    def __enter__(self):
+        """Start the process and wait until its health URL answers 200 (RuntimeError with the
+        end of its output if it exits or does not answer in `start_timeout`)."""
         # its log goes to a file: a server writes more than a pipe holds, then blocks
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (open until __exit__) its output
+        self.log = tempfile.TemporaryFile()  # its output, open until __exit__
         data = self.stdin()
         self.proc = subprocess.Popen(self.command(), stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.PIPE if data is not None else None)
         if data is not None:
             self.proc.stdin.write(data)
             self.proc.stdin.close()
-        self._started = time.monotonic()
-
-    def __enter__(self):
-        """Start, and wait until the health URL answers."""
-        self.start()
-        return self.wait_ready()
-
-    def wait_ready(self):
-        """Wait until the started process's health URL answers 200 (RuntimeError with its
-        output's end if it exits or does not answer in `start_timeout`)."""
-        end = self._started + self.start_timeout
+        end = time.monotonic() + self.start_timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
                 problem = f"exited with {self.proc.returncode}"
