@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from exactspec.models.loading import progress_off, quiet_transformers
+from exactspec.models.quiet import progress_off, quiet_transformers
 
 logger = logging.getLogger(__name__)
 

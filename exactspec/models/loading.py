@@ -12,34 +12,30 @@ converts while loading.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import logging
 import os
 import time
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import torch
 from safetensors import SafetensorError
-from tqdm.auto import tqdm
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-from transformers.utils import logging as hf_logging
 
 from exactspec.errors import InvalidType, InvalidValue, MissingFile
 from exactspec.models import registry
 from exactspec.models.architectures import check_target
+from exactspec.models.gguf_convert import convert
 from exactspec.models.lean_arch import refusal
+from exactspec.models.quiet import progress_off, quiet_transformers
 from exactspec.models.registry import MARKER, cache_root
 
 __all__ = ["DTYPES", "MARKER", "Model", "as_model", "cache_root", "load", "progress_off",
@@ -53,43 +49,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_ATTN_IMPLEMENTATION = "sdpa"
 # What `load(dtype=...)` accepts; the cache itself is always float32.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def progress_off() -> bool | None:
-    """tqdm's `disable` for exactspec's own progress bars: on stderr, only on a terminal.
-
-    $EXACTSPEC_PROGRESS=1 forces them on (`exactspec --progress`), 0 off; unset, None lets
-    tqdm show them only when stderr is a terminal.
-    """
-    flag = os.environ.get("EXACTSPEC_PROGRESS", "")
-    return {"1": False, "0": True}.get(flag.strip())
-
-
-@contextlib.contextmanager
-def quiet_transformers(gguf: bool = False) -> Iterator[None]:
-    """Silence transformers' progress bars ("Loading weights"), log lines and warnings inside.
-
-    `gguf`: also its GGUF reader's bar, which ignores the switch (importing that reader costs
-    0.16 s, so only conversions ask). The previous settings are restored on exit; exactspec's
-    own diagnostics still go through `logging` (-v shows them).
-    """
-    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    try:
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(warnings.catch_warnings())
-            warnings.simplefilter("ignore")
-            if gguf:
-                import transformers.modeling_gguf_pytorch_utils as reader
-
-                stack.enter_context(mock.patch.object(reader, "tqdm",
-                                                      functools.partial(tqdm, disable=True)))
-            yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 @dataclass
@@ -351,6 +310,4 @@ def _load_directory(
 def _convert(out: Path, get_gguf: Callable[[Path], Path], key: str) -> None:
     """Convert a GGUF into a float32 safetensors model + tokenizer files in `out`
     (exactspec.models.gguf_convert)."""
-    from exactspec.models.gguf_convert import convert
-
     convert(out, get_gguf, key)
