@@ -30,3 +30,6 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         return rank.get(path, len(LONGEST_FIRST))
 
     items.sort(key=key)  # stable: the rest keep their order
+
+
+pytest_plugins = ["tests.crash_safe"]  # a worker's crash fails its test, not the run
