@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from exactspec.drafters import llama_cpp_check
 from exactspec.drafters.base import DraftContext, TargetInfo, empty_proposal
 from exactspec.errors import InvalidValue
 from exactspec.sampling import DOMAIN_DRAFT, sample
@@ -41,22 +42,23 @@ _LOCK = threading.Lock()
 
 
 def llama_cpp_available() -> bool:
-    """Whether the optional llama-cpp-python package is installed."""
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether llama.cpp is installed and its build passed the smoke test on this machine
+    (drafters/llama_cpp_check.py: a build that crashes is never used)."""
+    return llama_cpp_check.status().usable
+
+
+def llama_cpp_why() -> str:
+    """One line: why llama.cpp is unusable here (or what its smoke test passed)."""
+    return llama_cpp_check.status().why
 
 
 def _lib():
-    try:
-        import llama_cpp
-    except ImportError:
-        raise InvalidValue(
-            "the llama.cpp draft needs the optional package llama-cpp-python; install it with "
-            "`make llama-cpp` (it compiles llama.cpp: ~6-8 minutes on 2 cores), or use "
-            "QuantizedDraft(bits=8) (torch int8, no compilation)") from None
+    verdict = llama_cpp_check.status()
+    if not verdict.usable:
+        raise InvalidValue(f"the llama.cpp draft cannot run here: {verdict.why}; or use "
+                           "QuantizedDraft(bits=8) (torch int8, no compilation)")
+    import llama_cpp
+
     return llama_cpp
 
 
@@ -308,6 +310,10 @@ def _resolve(gguf: str | os.PathLike[str]) -> str:
                                "assemble it and pass the file's path")
         return str(chunks[0])
     path = Path(raw).expanduser()
+    if path.suffix.lower() == ".gguf" and not path.is_file():
+        raise InvalidValue(f"the GGUF file {str(path.absolute())!r} does not exist; pass the path "
+                           f"of a .gguf file, or an embedded model name "
+                           f"({', '.join(registry.known_names())})")
     if not path.is_file() or path.suffix.lower() != ".gguf":
         raise InvalidValue(f"gguf={raw!r} is neither an embedded model name "
                            f"({', '.join(registry.known_names())}) nor a .gguf file")

@@ -34,7 +34,7 @@ import torch
 from exactspec.drafters import quantized_auto
 from exactspec.drafters.base import DraftContext, TargetInfo
 from exactspec.drafters.draft_model import DraftModel
-from exactspec.drafters.gguf_draft import GgufDraft, llama_cpp_available, unload
+from exactspec.drafters.gguf_draft import GgufDraft, llama_cpp_available, llama_cpp_why, unload
 from exactspec.drafters.tree_shape import check_tree
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.models.adapter import TargetAdapter, unwrap_model
@@ -105,8 +105,12 @@ class QuantizedDraft(DraftModel):
                     f"(got bits={bits}, layers={layers!r}, group_size={group_size}); use "
                     "backend='torch' for the others")
             if not llama_cpp_available():
-                raise InvalidValue("backend='llama.cpp' needs the optional package "
-                                   "llama-cpp-python: install it with `make llama-cpp`")
+                raise InvalidValue(f"backend='llama.cpp' cannot run here: {llama_cpp_why()}")
+        elif (backend == "auto" and quantized_auto.forced() == "llama.cpp" and bits in GGUF_TYPES
+              and layers is None and group_size == 32 and self.tree is None
+              and not llama_cpp_available()):  # forced where it would draft, and cannot run
+            raise InvalidValue(f"{quantized_auto.ENV}=llama.cpp cannot run here: "
+                               f"{llama_cpp_why()}; unset it to draft with torch")
         self._auto = backend == "auto"  # resolved again at begin per target (measured)
         if backend == "auto":
             backend = "llama.cpp" if (llama_cpp_available() and bits in GGUF_TYPES

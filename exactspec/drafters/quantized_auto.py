@@ -8,7 +8,8 @@ with both costs. Not again after an in-place weight update (an RL step): a step'
 on the shapes, not on the values, and a re-measure would rebuild the losing backend's copy at
 every policy step. `EXACTSPEC_QUANTIZED_BACKEND=torch|llama.cpp` forces the pick without timing
 (tests, reproducible benchmarks); it decides only where both backends can run (a tree, a layer
-subset, bits=16 or a missing llama-cpp-python still mean torch). Either choice is exact: the
+subset or bits=16 still mean torch), and forcing llama.cpp where it is missing or failed its
+smoke test on this machine (drafters/llama_cpp_check.py) is refused in one line. Either choice is exact: the
 backend only changes how often drafts are accepted and what a draft token costs.
 """
 

@@ -23,7 +23,7 @@ from exactspec.audit.world import World, logits_table, model_world, standardize
 from exactspec.drafters import DraftModel, PromptLookup
 from exactspec.drafters.eagle import EagleDrafter
 from exactspec.drafters.eagle_head import EagleConfig, EagleHead
-from exactspec.drafters.gguf_draft import llama_cpp_available
+from exactspec.drafters.gguf_draft import llama_cpp_available, llama_cpp_why
 from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.engine import generate
 from exactspec.models.adapter import TargetAdapter
@@ -36,7 +36,7 @@ ROWS = 8000  # copies of the prompt in one generate call
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # repeats, so prompt lookup finds something to copy
 FILTERED = SamplingParams(temperature=0.8, top_k=6, top_p=0.9)
 NEEDS_LLAMA_CPP = pytest.mark.skipif(not llama_cpp_available(),
-                                     reason="llama-cpp-python not installed (make llama-cpp)")
+                                     reason=llama_cpp_why())
 PENALISED = SamplingParams(repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2,
                            min_p=0.05)
 

@@ -19,7 +19,7 @@ from exactspec.audit.samplers import sequence_ids
 from exactspec.audit.stats import bincount, chi_square
 from exactspec.audit.world import logits_table, model_world
 from exactspec.drafters import DraftModel, QuantizedDraft
-from exactspec.drafters.gguf_draft import llama_cpp_available
+from exactspec.drafters.gguf_draft import llama_cpp_available, llama_cpp_why
 from exactspec.engine.session import Engine
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.sampling import SamplingParams, probs_from_logits
@@ -84,7 +84,7 @@ def test_a_draft_built_on_the_target_follows_the_update():
 
 @pytest.mark.parametrize("backend", [
     "torch", pytest.param("llama.cpp", marks=pytest.mark.skipif(
-        not llama_cpp_available(), reason="llama-cpp-python is not installed"))])
+        not llama_cpp_available(), reason=llama_cpp_why()))])
 def test_the_quantized_self_draft_is_rebuilt_from_the_new_weights(backend):
     """After an update, the engine draws exactly what a fresh engine on the new weights draws
     (same seed), and its int8 draft agrees with the new target as well as a fresh one does.

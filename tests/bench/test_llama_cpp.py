@@ -10,14 +10,14 @@ from exactspec.audit.stats import chi_square
 from exactspec.bench import MODES, EngineSpec
 from exactspec.bench.engines import Engines
 from exactspec.bench.llama_cpp import LlamaCppPlain, gguf_weight_bytes, llama_cpp_engines
-from exactspec.drafters.gguf_draft import llama_cpp_available
+from exactspec.drafters.gguf_draft import llama_cpp_available, llama_cpp_why
 from exactspec.engine import generate
 from exactspec.models import gguf_export
 from exactspec.sampling import SamplingParams, probs_from_logits
 from tests.engine.tiny import tiny_model
 
 pytestmark = pytest.mark.skipif(not llama_cpp_available(),
-                                reason="llama-cpp-python not installed (make llama-cpp)")
+                                reason=llama_cpp_why())
 
 F32, Q8, Q4 = llama_cpp_engines()
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9], [1, 2, 3, 1, 2, 3, 1, 2, 3]]

@@ -8,13 +8,13 @@ import pytest
 from exactspec.bench import MODES
 from exactspec.bench.engines import Engines
 from exactspec.bench.llama_cpp import llama_cpp_engines
-from exactspec.drafters.gguf_draft import llama_cpp_available
+from exactspec.drafters.gguf_draft import llama_cpp_available, llama_cpp_why
 from exactspec.engine import generate
 from exactspec.models import load
 from exactspec.sampling import SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not llama_cpp_available(),
-                                                   reason="llama-cpp-python not installed")]
+                                                   reason=llama_cpp_why())]
 
 
 def test_llama_cpp_f32_greedy_equals_exactspec_plain_on_smollm2():

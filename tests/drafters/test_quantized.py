@@ -9,7 +9,7 @@ import torch
 
 from exactspec import SamplingParams
 from exactspec.drafters import quantized, quantized_auto
-from exactspec.drafters.gguf_draft import llama_cpp_available
+from exactspec.drafters.gguf_draft import llama_cpp_available, llama_cpp_why
 from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.engine import generate
 from exactspec.models.lean import lean_forward_for
@@ -41,7 +41,7 @@ def test_layers_outside_the_target_are_refused_at_begin():
 
 
 BACKENDS = ["torch", pytest.param("llama.cpp", marks=pytest.mark.skipif(
-    not llama_cpp_available(), reason="llama-cpp-python not installed (make llama-cpp)"))]
+    not llama_cpp_available(), reason=llama_cpp_why()))]
 
 
 def _built(drafter: QuantizedDraft):
@@ -80,7 +80,7 @@ def test_auto_backend_follows_what_is_installed():
         QuantizedDraft(8, backend="cuda")
 
 
-@pytest.mark.skipif(not llama_cpp_available(), reason="llama-cpp-python not installed")
+@pytest.mark.skipif(not llama_cpp_available(), reason=llama_cpp_why())
 def test_gguf_export_computes_the_model(tmp_path):
     """llama.cpp on the F32 export gives transformers' logits, up to its f16 KV cache (a
     relative rounding of 2^-11 per cached value; bound: 1% of the logits' range)."""
@@ -128,7 +128,7 @@ def test_bfloat16_target_greedy_equals_plain(backend):
 
 
 NEEDS_LLAMA_CPP = pytest.mark.skipif(not llama_cpp_available(),
-                                     reason="llama-cpp-python not installed (make llama-cpp)")
+                                     reason=llama_cpp_why())
 
 
 @pytest.mark.parametrize("forced", BACKENDS)

@@ -25,7 +25,7 @@ from exactspec.audit import target_law
 from exactspec.audit.stats import chi_square
 from exactspec.audit.world import _contexts, logits_table
 from exactspec.drafters import quantized, quantized_auto
-from exactspec.drafters.gguf_draft import GgufDraft, llama_cpp_available
+from exactspec.drafters.gguf_draft import GgufDraft, llama_cpp_available, llama_cpp_why
 from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.engine import generate
 from exactspec.models.gguf_export import export_gguf
@@ -36,7 +36,7 @@ from tests.models.architectures import tiny
 from tests.models.test_gguf_export import EXPORTED
 
 pytestmark = pytest.mark.skipif(not llama_cpp_available(),
-                                reason="llama-cpp-python not installed (make llama-cpp)")
+                                reason=llama_cpp_why())
 GREEDY = SamplingParams(temperature=0)
 ARCHS = [t for t in EXPORTED if t != "llama"]  # Llama's: tests/drafters/test_quantized.py
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [9, 8]]

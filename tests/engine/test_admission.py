@@ -16,7 +16,7 @@ import torch
 from exactspec import SamplingParams
 from exactspec.drafters import DraftModel, PromptLookup, quantized
 from exactspec.drafters.base import AdmitsRows
-from exactspec.drafters.gguf_draft import llama_cpp_available
+from exactspec.drafters.gguf_draft import llama_cpp_available, llama_cpp_why
 from exactspec.engine import generate
 from exactspec.engine.api import _stream_seeds
 from exactspec.engine.loop import DecodeConfig, Decoder
@@ -244,7 +244,7 @@ def test_drop_removes_rows_before_the_next_step(target):
     assert len(rows[1].output.tokens) == n and rows[1].output.finish_reason is None
 
 
-@pytest.mark.skipif(not llama_cpp_available(), reason="llama-cpp-python not installed")
+@pytest.mark.skipif(not llama_cpp_available(), reason=llama_cpp_why())
 def test_llama_cpp_draft_admission_keeps_sequences_and_reuses_freed_ones(target):
     """The llama.cpp backend: running rows keep their sequences and cached tokens; a new row
     takes a sequence a dropped row left; greedy rows admitted at any step equal plain greedy."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from exactspec.drafters import DraftModel, PromptLookup
-from exactspec.drafters.gguf_draft import llama_cpp_available
+from exactspec.drafters.gguf_draft import llama_cpp_available, llama_cpp_why
 from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.engine import generate
 from tests.engine.tiny import (
@@ -37,7 +37,7 @@ def _drafters(target):
 
 
 NEEDS_LLAMA_CPP = pytest.mark.skipif(not llama_cpp_available(),
-                                     reason="llama-cpp-python not installed (make llama-cpp)")
+                                     reason=llama_cpp_why())
 
 
 @pytest.mark.parametrize("name", ["self", "contrarian", "perturbed", "prompt-lookup", "int8",

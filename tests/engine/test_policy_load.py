@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from exactspec import SamplingParams
-from exactspec.drafters.gguf_draft import llama_cpp_available
+from exactspec.drafters.gguf_draft import llama_cpp_available, llama_cpp_why
 from exactspec.engine import generate
 from exactspec.engine.loop import DecodeConfig, Decoder
 from exactspec.engine.policy import AUTO_PROBE_EVERY, PROBE_SHARE, DraftLengthPolicy
 from tests.engine.test_rows import PROMPTS
 from tests.engine.tiny import tiny_llama
 
-pytestmark = pytest.mark.skipif(not llama_cpp_available(), reason="llama-cpp-python not installed")
+pytestmark = pytest.mark.skipif(not llama_cpp_available(), reason=llama_cpp_why())
 
 STEPS = 3 * AUTO_PROBE_EVERY + 4  # at least two probes
 

@@ -29,7 +29,7 @@ from exactspec.audit.samplers import sequence_ids
 from exactspec.audit.stats import bincount, chi_square
 from exactspec.audit.world import logits_table, model_world
 from exactspec.drafters import DraftModel, QuantizedDraft
-from exactspec.drafters.gguf_draft import llama_cpp_available
+from exactspec.drafters.gguf_draft import llama_cpp_available, llama_cpp_why
 from exactspec.engine import generate
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.integrations.trl import COLLAPSE, make_rollout_func
@@ -413,7 +413,7 @@ def test_greedy_rollouts_equal_plain_greedy_decoding_bit_for_bit(tmp_path):
         assert rollout.last.drafted > 0 and rollout.last.accepted > 0
 
 
-@pytest.mark.skipif(not llama_cpp_available(), reason="llama-cpp-python not installed")
+@pytest.mark.skipif(not llama_cpp_available(), reason=llama_cpp_why())
 def test_the_llama_cpp_draft_does_not_leave_a_file_per_weight_version(tmp_path, monkeypatch):
     """An RL run exports one GGUF draft per weight version; the superseded ones it wrote are
     deleted, so the cache holds the current version's file, not one per step."""

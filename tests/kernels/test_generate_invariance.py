@@ -28,7 +28,7 @@ import exactspec as es
 from exactspec import kernels
 from exactspec.drafters.eagle import EagleDrafter
 from exactspec.drafters.eagle_head import EagleConfig, EagleHead
-from exactspec.drafters.gguf_draft import llama_cpp_available
+from exactspec.drafters.gguf_draft import llama_cpp_available, llama_cpp_why
 from exactspec.kernels import ops
 from exactspec.models.lean import lean_forward_for
 from tests.engine.tiny import VOCAB, perturbed, tiny_llama
@@ -42,8 +42,7 @@ T1 = [es.SamplingParams(temperature=1.0, seed=100 + i) for i in range(ROWS)]  # 
 DRAFTERS = ["prompt-lookup", "suffix", "draft-model", "draft-model-tree", "int8-torch",
             "int4-torch", "eagle",
             pytest.param("q8_0-llama.cpp", marks=pytest.mark.skipif(
-                not llama_cpp_available(), reason="llama-cpp-python not installed "
-                                                  "(make llama-cpp)"))]
+                not llama_cpp_available(), reason=llama_cpp_why()))]
 
 
 def _target(seed: int = 0) -> LlamaForCausalLM:

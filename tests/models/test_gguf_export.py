@@ -20,14 +20,14 @@ import dataclasses
 import pytest
 import torch
 
-from exactspec.drafters.gguf_draft import GgufDraft, llama_cpp_available
+from exactspec.drafters.gguf_draft import GgufDraft, llama_cpp_available, llama_cpp_why
 from exactspec.models import gguf_export
 from exactspec.models.gguf_export import export_gguf, unsupported
 from tests.embedded import installed
 from tests.models.architectures import tiny
 
 pytestmark = pytest.mark.skipif(not llama_cpp_available(),
-                                reason="llama-cpp-python not installed (make llama-cpp)")
+                                reason=llama_cpp_why())
 
 # model_type -> overrides making its tiny model one llama.cpp computes the same (no window)
 EXPORTED = {"llama": {}, "mistral": {"sliding_window": None},
