@@ -20,8 +20,13 @@ is exact too, only slower (every running row is prefilled again).
 fewer tokens than asked allowed, including none) and draft_probs [B, K, V], the exact
 distribution q each token was drawn from, or None for a point-mass draft. Rollback needs no
 hook: at the next `propose` the context shows what was kept, and a drafter with its own cache
-keeps only the prefix that agrees with it. Randomness comes from `context.streams`, domain
-`DOMAIN_DRAFT + j` for draft position j, so the draft never reuses the verifier's uniforms.
+keeps only the prefix that agrees with it. A sampled drafter draws its token at draft position
+j with `context.draw(q_j, j)`: by inverse CDF of q_j in token-id order with the row's uniform
+for that position, `DOMAIN_DRAFT + j` of `context.streams` (never the verifier's uniforms), or,
+under coupled verification (`context.coupled`), the uniform of the output position the target
+draws its own token there with, so a draft equal to the target's draw is kept. A drafter that
+draws otherwise stays exact under every method; under coupled verification it is only accepted
+less often.
 
 Every drafter declares `hidden_layers`: None when it needs no target features, else a tuple of
 indices into transformers' `hidden_states` (EAGLE-style heads); the engine then fills
@@ -48,7 +53,15 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from exactspec.sampling import DraftTree, RowStreams, SamplingParams
+from exactspec.sampling import (
+    DOMAIN_DRAFT,
+    DraftTree,
+    RowStreams,
+    SamplingParams,
+    position_uniforms,
+    sample,
+    sample_from_weights,
+)
 from exactspec.sampling.history import history as token_history
 from exactspec.sampling.history import prefix_history
 from exactspec.sampling.standardize import probs_from_logits_rows
@@ -74,6 +87,9 @@ class DraftContext:
     # token has not been through the target yet). None for other drafters.
     hidden: torch.Tensor | None = None
     row_params: tuple[SamplingParams, ...] | None = None  # [B] each row's; None: all `params`
+    # coupled verification: draft position j draws with the uniform of the row's output
+    # position lengths - prompt_lengths + j (`draw`), the one the target draws there with
+    coupled: bool = False
 
     def rows_params(self) -> tuple[SamplingParams, ...]:
         """One SamplingParams per row."""
@@ -96,6 +112,25 @@ class DraftContext:
         if self.row_params is None:
             return self.params is not None and self.params.is_greedy
         return all(p.is_greedy for p in self.row_params)
+
+    def output_positions(self, start: int, n: int) -> torch.Tensor:  # [B, n] long
+        """Output positions start..start+n-1 after each row's context (0 = the first
+        generated token): where draft position j, or p at verification slot j, draws."""
+        done = (self.lengths - self.prompt_lengths)[:, None]  # [B, 1] tokens generated so far
+        return done + torch.arange(start, start + n, device=self.lengths.device)[None, :]
+
+    def draw(self, q: torch.Tensor,  # [B, V] the standardized q of draft position j
+             j: int, *, greedy: bool = False) -> torch.Tensor:  # [B] long
+        """Draft position j's token from q by inverse CDF in token-id order (module docstring):
+        the uniform is DOMAIN_DRAFT + j of the step's streams, or, when `coupled`, the one of
+        the output position (RowStreams.at_positions), which the target's draw there uses.
+        greedy: every q is a one-hot (`greedy`), its hot index is drawn without a CDF."""
+        if not self.coupled:
+            return sample(q, self.streams, domain=DOMAIN_DRAFT + j, greedy=greedy)
+        if greedy:
+            return q.argmax(-1)
+        u = position_uniforms(self.streams, self.output_positions(j, 1))[:, 0]  # [B]
+        return sample_from_weights(q, u.to(q.device))
 
     def standardize(self, logits: torch.Tensor,  # [B, V]
                     drafted: torch.Tensor | None = None,  # [B, J] drafts before this position
@@ -212,7 +247,8 @@ def rows_of(context: DraftContext, start: int | torch.Tensor) -> DraftContext:
                                                            for i in sel.tolist())
     return DraftContext(context.tokens[sel], context.lengths[sel], context.prompt_lengths[sel],
                         context.params, streams,
-                        None if context.hidden is None else context.hidden[sel], params)
+                        None if context.hidden is None else context.hidden[sel], params,
+                        context.coupled)
 
 
 def history(context: DraftContext, extra: torch.Tensor | None = None) -> torch.Tensor:

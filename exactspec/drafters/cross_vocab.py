@@ -23,7 +23,6 @@ from exactspec.drafters.vocab_map import VocabMap, vocab_map
 from exactspec.errors import InvalidValue
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import as_model
-from exactspec.sampling import DOMAIN_DRAFT, sample
 
 NEG = -1e30  # the logit of a target token the draft cannot produce: probability exactly 0
 
@@ -141,7 +140,7 @@ class CrossVocabDraft:
             nxt = own[:, j] = logits.argmax(-1)
             if q is not None and j < k:  # TLI: draw from q over the intersection
                 q_j = context.standardize(self.target_logits(logits), drafts[:, :j])  # [B, Vt]
-                x = sample(q_j, context.streams, domain=DOMAIN_DRAFT + j)  # [B] target ids
+                x = context.draw(q_j, j)  # [B] target ids
                 drafts[:, j] = torch.where(greedy, -1, x)
                 q[:, j] = q_j
                 mapped = back[x]

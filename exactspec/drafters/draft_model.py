@@ -12,7 +12,7 @@ from exactspec.drafters.tree_shape import check_tree
 from exactspec.errors import InvalidValue
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import as_model
-from exactspec.sampling import DOMAIN_DRAFT, DraftTree, sample
+from exactspec.sampling import DraftTree
 
 # how the vocabulary-mismatch errors name the drafter for a model with another tokenizer
 CROSS_VOCAB = ("for a draft with another tokenizer use es.CrossVocabDraft(model), on the "
@@ -194,7 +194,7 @@ class DraftModel:
             logits = logits[torch.arange(b, device=dev), last]  # [B, V]
             ad.commit((last + 1) * on)
             q_j = context.standardize(logits, drafts[:, :j])  # [B, V], each row's params
-            x = sample(q_j, context.streams, domain=DOMAIN_DRAFT + j, greedy=greedy)  # [B]
+            x = context.draw(q_j, j, greedy=greedy)  # [B]
             drafts[:, j] = x
             qs.append(q_j)
             feed = x[:, None]

@@ -38,7 +38,6 @@ from exactspec.drafters.eagle_head import EagleConfig, EagleHead, attend, full_l
 from exactspec.drafters.eagle_tree import eagle_tree
 from exactspec.drafters.tree_shape import check_tree
 from exactspec.errors import InvalidValue
-from exactspec.sampling import DOMAIN_DRAFT, sample
 from exactspec.sampling.standardize import probs_from_logits_rows
 
 log = logging.getLogger(__name__)
@@ -177,12 +176,11 @@ class EagleDrafter:
             sub = head.logits(g)  # [B, Vd]
             if on_sub_vocab:  # q is zero off the draft vocabulary: standardize only Vd entries
                 q_sub = probs_from_logits_rows(sub, rows_params)  # [B, Vd]
-                drafts[:, j] = head.vocab_ids[sample(q_sub, context.streams,
-                                                     domain=DOMAIN_DRAFT + j)]
+                drafts[:, j] = head.vocab_ids[context.draw(q_sub, j)]
                 q[:, j].scatter_(1, ids, q_sub)
                 continue
             q_j = context.standardize(full_logits(head, sub), drafts[:, :j])  # [B, V]
-            drafts[:, j] = sample(q_j, context.streams, domain=DOMAIN_DRAFT + j)
+            drafts[:, j] = context.draw(q_j, j)
             q[:, j] = q_j
         want = torch.arange(k, device=dev)[None, :] < num_tokens.to(dev)[:, None]
         want &= (s >= 0)[:, None]

@@ -32,7 +32,6 @@ import torch
 from exactspec.drafters import llama_cpp_check
 from exactspec.drafters.base import DraftContext, TargetInfo, empty_proposal
 from exactspec.errors import InvalidValue
-from exactspec.sampling import DOMAIN_DRAFT, sample
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +245,7 @@ class GgufDraft:
         logits = self._decode(feeds)  # [B, V]
         for j in range(k):
             q_j = context.standardize(logits.to(dev), drafts[:, :j])  # [B, V]
-            x = sample(q_j, context.streams, domain=DOMAIN_DRAFT + j)  # [B]
+            x = context.draw(q_j, j)  # [B]
             drafts[:, j] = x
             q[:, j] = q_j
             if j + 1 < k:

@@ -94,6 +94,7 @@ class BatchState:
         self.on_fault = "raise"
         self.faulted: set[int] | None = None  # ids of the rows in flight at a fault, pending
         self.faults = 0  # drafter faults survived so far
+        self.coupled = False  # coupled verification: drafters draw with the positions' uniforms
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -118,7 +119,8 @@ class BatchState:
         groups = self.groups
         shared = groups[0][0] if len(groups) == 1 and groups[0][1] is None else None
         return DraftContext(self.tokens, self.lengths, self.prompt_lengths, shared, self.streams,
-                            self.hidden, None if shared is not None else tuple(self.params))
+                            self.hidden, None if shared is not None else tuple(self.params),
+                            self.coupled)
 
     def admit(self, rows: list[Row]) -> None:
         """Prefill `rows` and append them after the current ones (between steps). Each row's

@@ -116,12 +116,15 @@ class Decoder:
             TargetInfo(adapter.vocab_size, target.tokenizer, adapter.model, adapter),
             DraftLengthPolicy(k, 0), tuple(layers) if layers is not None else None, extra)
         self.batch.on_fault = on_fault
+        coupled = None if callable(cfg.verify) else parse_method(cfg.verify)
+        coupled = coupled if coupled is not None and coupled.coupled else None
+        self.batch.coupled = coupled is not None  # drafters draw with the positions' uniforms
         self.rules = StepRules(
             verify=verify_rule(drafter, cfg.verify),
             check_q=not trusts_q(self.batch.drafter),
             return_logprobs=cfg.return_logprobs,
             tree_step=tree_rule(drafter, cfg.verify),
-            greedy_verify=greedy_shortcut(drafter, cfg.verify))
+            greedy_verify=greedy_shortcut(drafter, cfg.verify), coupled=coupled)
 
     @property
     def rows(self) -> list[Row]:

@@ -19,6 +19,7 @@ from exactspec.sampling import (
     DOMAIN_SAMPLE,
     RowStreams,
     Verdict,
+    VerifyMethod,
     acceptance_law,
     parse_method,
     sample,
@@ -44,6 +45,9 @@ class StepRules:
     # the rule of a step whose rows are all greedy, drawing the very tokens `verify` draws
     # there, without its uniforms and residual (greedy_shortcut); None: `verify` always
     greedy_verify: VerifyRule | None = None
+    # a coupled method (VerifyMethod.coupled): its `verdict` decides instead of `verify`, the
+    # target drawing with the uniforms of the rows' output positions, plain decoding included
+    coupled: VerifyMethod | None = None
 
 
 class NoDrafter:
@@ -144,7 +148,10 @@ def decode_step(batch: BatchState, rules: StepRules, clock: Clock) -> list[tuple
         drafts, q, p, k = drafts[:, :0], q[:, :0], p[:, :1], 0
         num_real = torch.zeros_like(num_real)
         feats = feats[:, :1] if feats is not None else None
-    if rules.verify is plain_rule:
+    if rules.coupled is not None:  # one uniform per output position, shared with the drafter
+        positions = batch.context().output_positions(0, k + 1)  # [B, K+1]
+        verdict = rules.coupled.verdict(p, drafts, batch.streams, positions, greedy=batch.greedy)
+    elif rules.verify is plain_rule:
         verdict = plain_rule(p, drafts, q, batch.streams, greedy=batch.greedy)
     elif rules.greedy_verify is not None and batch.greedy:
         verdict = rules.greedy_verify(p, drafts, q, batch.streams)

@@ -4,7 +4,8 @@
 methods as objects (token, block, traversal, greedy, lenient:L, typical:EPS), parsed once from
 their names. `verify`: the entry points (verify, acceptance_law, verify_tree, ...); the rules
 are in `chain` (token, block, greedy), `lossy` (lenient, typical) and `tree_verify` (trees, on
-`tree`'s DraftTree); `checks` validates their inputs. `streams`: the random streams.
+`tree`'s DraftTree); `checks` validates their inputs. `coupled`: coupled verification (one uniform per output
+position for draft and target). `streams`: the random streams.
 Imports nothing from the rest of exactspec but its errors (docs/sampling.md).
 """
 
@@ -24,10 +25,12 @@ from exactspec.sampling.standardize import probs_from_logits
 from exactspec.sampling.streams import (
     DOMAIN_ACCEPT,
     DOMAIN_DRAFT,
+    DOMAIN_POSITION,
     DOMAIN_RESAMPLE,
     DOMAIN_SAMPLE,
     Randomness,
     RowStreams,
+    position_uniforms,
     sample,
     sample_from_weights,
     uniforms,
@@ -43,5 +46,6 @@ __all__ = [
     "probs_from_logits", "sample",
     "sample_from_weights", "uniforms", "verify",
 ]
+__all__ += ["DOMAIN_POSITION", "position_uniforms"]
 __all__ += ["SIBLING_KINDS", "TREE_METHODS", "DraftTree", "TreeLaw", "TreeVerdict",
             "branching_parents", "tree_acceptance_law", "tree_history", "verify_tree"]

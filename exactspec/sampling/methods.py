@@ -11,6 +11,8 @@ for a "name:value" rule, in `_PARAMETRIZED`).
     block      Sun et al. 2024 (chains; its tree form is traversal)  lossless
     traversal  Weng et al. 2025 (trees; on a chain it is block)      lossless
     greedy     argmax matching                                       exact at T = 0 only
+    coupled    one uniform per output position for draft and target  lossless; the same text
+               (chains; exactspec.sampling.coupled)                  as plain decoding per seed
     lenient:L  Leviathan et al. 2023, A.5                            LOSSY (opt-in)
     typical:EPS  Medusa's typical acceptance                         LOSSY (opt-in)
 """
@@ -25,8 +27,10 @@ from typing import ClassVar
 import torch
 
 from exactspec.errors import InvalidValue
-from exactspec.sampling.chain import AcceptanceLaw, block_law, greedy_law, token_law
+from exactspec.sampling.chain import AcceptanceLaw, Verdict, block_law, greedy_law, token_law
+from exactspec.sampling.coupled import coupled_law, coupled_verdict
 from exactspec.sampling.lossy import lenient_law, typical_law
+from exactspec.sampling.streams import Randomness, position_uniforms
 from exactspec.sampling.tree import DraftTree
 from exactspec.sampling.tree_verify import RULES, TreeLaw, greedy_tree_law, rule_law
 
@@ -44,6 +48,9 @@ class VerifyMethod:
     tree_hint: ClassVar[str] = ""  # said when this chain-only method meets a tree drafter
     # proven only for trees whose shape is fixed before the draws (or drawn deterministically)
     fixed_shape_only: ClassVar[bool] = False
+    # the draft and the target draw from one uniform per output position (Coupled): the engine
+    # calls `verdict` with the rows' positions, and drafters draw with those uniforms too
+    coupled: ClassVar[bool] = False
 
     def chain_law(self, p: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None, *,
                   check: bool = True) -> AcceptanceLaw:
@@ -110,6 +117,33 @@ class Greedy(VerifyMethod):
 
 
 @dataclass(frozen=True)
+class Coupled(VerifyMethod):
+    """Coupled verification (exactspec.sampling.coupled): the target's draw at each output
+    position is plain decoding's, from the position's own uniform; drafts are kept while they
+    equal it. The same seed gives the same text at any draft length and without a drafter."""
+
+    name: ClassVar[str] = "coupled"
+    coupled: ClassVar[bool] = True
+    tree_hint: ClassVar[str] = (" (coupled verification checks one chain against the target's "
+                                "own draws; use a chain drafter, tree=None)")
+
+    def chain_law(self, p, x, q, *, check=True):
+        return coupled_law(p, x, q, check=check)
+
+    def target_uniforms(self, streams: Randomness,
+                        positions: torch.Tensor) -> torch.Tensor:  # [B, n] -> [B, n] f64
+        """The uniforms the target draws with at the rows' output positions."""
+        return position_uniforms(streams, positions)
+
+    def verdict(self, p: torch.Tensor, x: torch.Tensor, streams: Randomness,
+                positions: torch.Tensor, *, greedy: bool = False) -> Verdict:
+        """The engine's coupled step: p [B, K+1, V], x [B, K], positions [B, K+1] (the output
+        position of each p); greedy: every p is a one-hot, no uniform is needed."""
+        u = None if greedy else self.target_uniforms(streams, positions)
+        return coupled_verdict(p, x, u)
+
+
+@dataclass(frozen=True)
 class LossyRule(VerifyMethod):
     """A lossy rule with one parameter, written "rule:value" (exactspec.sampling.lossy)."""
 
@@ -168,7 +202,8 @@ class Typical(LossyRule):
         return typical_law(self.value, self.name, p, x, q, check=check)
 
 
-_BY_NAME: dict[str, VerifyMethod] = {m.name: m for m in (Token(), Block(), Traversal(), Greedy())}
+_BY_NAME: dict[str, VerifyMethod] = {m.name: m for m in (Token(), Block(), Traversal(), Greedy(),
+                                                         Coupled())}
 _PARAMETRIZED: dict[str, type[LossyRule]] = {c.rule: c for c in (Lenient, Typical)}
 METHODS = ("token", "block", "greedy")  # the lossless chain methods (traversal is block there)
 TREE_METHODS = tuple(n for n, m in _BY_NAME.items() if m.tree_law is not None)
@@ -208,7 +243,7 @@ def parse_lossy(method: str | VerifyMethod) -> LossyRule | None:
 
 
 def is_lossless(method: str | VerifyMethod | Callable) -> bool:
-    """True for the exact methods ("token", "block", "traversal", "greedy"), False for a lossy
+    """True for the exact methods ("token", "block", "traversal", "greedy", "coupled"), False for a lossy
     rule. "greedy" counts as exact: it is the exact rule of greedy decoding, the only one it is
     for. A callable verify is not known to be exact, so it gives False. Unknown strings raise."""
     if callable(method):

@@ -2,7 +2,9 @@
 
 `RowStreams` gives every batch row its own counter-based stream: the uniforms a row sees depend
 only on (its seed, its own step count, a domain, a column), never on the other rows, so the same
-seed gives the same text alone or inside any batch. Domains keep drafting and acceptance apart
+seed gives the same text alone or inside any batch. Coupled verification reads one more kind,
+`RowStreams.at_positions`: the uniform of an output position, a hash of (seed, position) alone,
+so it is the same whatever the step it is drawn in (the draft length, speculation on or off). Domains keep drafting and acceptance apart
 (reusing one uniform for both is one of the pitfalls the audit catches).
 """
 
@@ -17,6 +19,7 @@ DOMAIN_ACCEPT = 1  # how many draft tokens are accepted
 DOMAIN_RESAMPLE = 2  # the recovered / bonus token
 DOMAIN_SAMPLE = 3  # a plain draw (autoregressive decoding)
 DOMAIN_DRAFT = 64  # + draft position
+DOMAIN_POSITION = 5  # coupled verification's uniform of an output position (no step)
 
 _MASK64 = (1 << 64) - 1
 
@@ -29,6 +32,7 @@ def _i64(c: int) -> int:
 _GOLDEN = _i64(0x9E3779B97F4A7C15)
 _MIX1 = _i64(0xBF58476D1CE4E5B9)
 _MIX2 = _i64(0x94D049BB133111EB)
+_POSITION_SALT = _i64(0xD6E8FEB86659FD93)  # keeps position keys apart from the step keys
 
 
 def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
@@ -112,6 +116,15 @@ class RowStreams:
         z = _mix(held[2] ^ _columns(n, domain, self.seeds.device))  # [B, n]
         return _shr(z, 11).to(torch.float64) * (1.0 / (1 << 53))
 
+    def at_positions(self, positions: torch.Tensor) -> torch.Tensor:  # [B, n] -> [B, n] f64
+        """The uniform of each row's output positions (0 = the first generated token): a hash
+        of (seed, position) alone, never of the step, so the draw at a position is the same in
+        plain decoding, at any draft length and in any batch (coupled verification)."""
+        dev = self.seeds.device
+        key = _mix(self.seeds ^ _POSITION_SALT)[:, None]  # [B, 1]
+        z = _mix(key ^ _mix(positions.to(dev).long() + (DOMAIN_POSITION << 32)))  # [B, n]
+        return _shr(z, 11).to(torch.float64) * (1.0 / (1 << 53))
+
 
 Randomness = torch.Generator | Sequence[torch.Generator] | RowStreams | None
 
@@ -132,6 +145,19 @@ def uniforms(generator: Randomness, rows: int, n: int, domain: int,
         raise ValueError(f"got {len(gens)} generators for a batch of {rows} rows; pass one per row")
     return torch.stack([torch.rand(n, dtype=torch.float64, generator=g, device=g.device)
                         for g in gens]).to(device)
+
+
+def position_uniforms(generator: Randomness,
+                      positions: torch.Tensor) -> torch.Tensor:  # [B, n] long -> [B, n] f64
+    """Coupled verification's uniforms of the rows' output positions: RowStreams'
+    `at_positions`; any other randomness has no positions and draws fresh uniforms."""
+    if isinstance(generator, RowStreams):
+        if len(generator) != positions.shape[0]:
+            raise ValueError(f"RowStreams has {len(generator)} rows, positions has "
+                             f"{positions.shape[0]}")
+        return generator.at_positions(positions).to(positions.device)
+    return uniforms(generator, positions.shape[0], positions.shape[1], DOMAIN_POSITION,
+                    positions.device)
 
 
 def sample_from_weights(
