@@ -16,6 +16,7 @@ from exactspec.engine.arguments import (
     check_int,
     check_layers,
     check_logit_bias,
+    check_logprobs_mode,
     check_num_draft_tokens,
     check_stop,
     check_verify,
@@ -47,6 +48,8 @@ def generate(
     stop: str | Sequence[str] | None = None,
     return_logprobs: bool = False,
     batch_size: int = DEFAULT_BATCH_SIZE,
+    logprobs_mode: str = "processed",
+    top_logprobs: int = 0,
 ) -> list[Generation]:
     """Generate a continuation of every prompt, distributed exactly as the target alone would.
 
@@ -61,14 +64,19 @@ def generate(
     observed acceptance and the measured draft / target costs; the output is still exactly
     distributed, but which sample a seed gives then depends on timings: use a fixed K for
     bit-reproducible text). verify: "token", "block",
-    "greedy" or a callable with `exactspec.verify`'s signature, called as
+    "greedy", "coupled" (the same seed gives plain decoding's text at any K, "auto" included,
+    and without a drafter; exactspec.sampling.coupled) or a callable with `exactspec.verify`'s signature, called as
     fn(target_probs, draft_tokens, draft_probs, generator=streams). stop: strings that end a
     row (the text is cut before them). return_logprobs: log p of each generated token under
     the target's standardized distribution (so 0.0 for every token when greedy).
-    batch_size: rows per forward pass.
+    batch_size: rows per forward pass. logprobs_mode: "processed" (default: the standardized
+    law above, what RL needs) or "raw" (the model's own log_softmax of its raw logits, before
+    temperature, top-k/p and penalties; real values at temperature 0). top_logprobs: N > 0
+    fills Generation.top_logprobs with each position's N most likely (token, log p) under the
+    same law (raw: always N entries; processed: those with p > 0).
     """
     job = _Job(target, prompts, drafter, params, max_new_tokens, num_draft_tokens, verify,
-               stop, return_logprobs, batch_size)
+               stop, return_logprobs, batch_size, logprobs_mode, top_logprobs)
     for _ in job.events():
         pass
     return job.results
@@ -98,13 +106,13 @@ def stream(
 
 def _job_kwargs(kwargs: dict) -> dict:
     allowed = ("drafter", "params", "max_new_tokens", "num_draft_tokens", "verify", "stop",
-               "return_logprobs", "batch_size")
+               "return_logprobs", "batch_size", "logprobs_mode", "top_logprobs")
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise InvalidType(f"stream() got unexpected keyword arguments {unknown}")
     defaults = dict(drafter=None, params=None, max_new_tokens=128, num_draft_tokens=4,
                     verify="token", stop=None, return_logprobs=False,
-                    batch_size=DEFAULT_BATCH_SIZE)
+                    batch_size=DEFAULT_BATCH_SIZE, logprobs_mode="processed", top_logprobs=0)
     return {**defaults, **kwargs}
 
 
@@ -149,7 +157,8 @@ class _Job:
     """One validated generate() call: its rows, chunks, randomness and results."""
 
     def __init__(self, target, prompts, drafter, params, max_new_tokens, num_draft_tokens,
-                 verify, stop, return_logprobs, batch_size) -> None:
+                 verify, stop, return_logprobs, batch_size, logprobs_mode="processed",
+                 top_logprobs=0) -> None:
         try:
             self.model: Model = as_target(target)
         except TypeError as e:
@@ -163,6 +172,8 @@ class _Job:
         num_draft_tokens = check_num_draft_tokens(num_draft_tokens)
         stops = check_stop(stop, self.model.tokenizer)
         check_bool("return_logprobs", return_logprobs)
+        logprobs_mode = check_logprobs_mode(logprobs_mode)
+        self.top_logprobs = check_int("top_logprobs", top_logprobs, 0)
         self.prompts = encode_prompts(self.model, prompts)  # [N] token lists
         self.params, per_row = row_params(params, len(self.prompts))  # [N]
         verify = check_verify(verify, self.params)
@@ -171,7 +182,7 @@ class _Job:
         self.batch_size = batch_size
         self.cfg = DecodeConfig(
             params=self.params, max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens,
-            verify=verify, return_logprobs=return_logprobs,
+            verify=verify, return_logprobs=return_logprobs, logprobs_mode=logprobs_mode,
             eos_token_ids=self.model.eos_token_ids, stop=stops, tokenizer=self.model.tokenizer,
         )
         self.stream_seeds = _stream_seeds(self.params, per_row)  # [N]
@@ -187,7 +198,8 @@ class _Job:
         try:
             for lo in range(0, n, self.batch_size):
                 dec = Decoder(self.model, self.drafter, self.cfg)
-                rows = [dec.make_row(i, self.prompts[i], self.params[i], self.stream_seeds[i])
+                rows = [dec.make_row(i, self.prompts[i], self.params[i], self.stream_seeds[i],
+                                     top_logprobs=self.top_logprobs)
                         for i in range(lo, min(n, lo + self.batch_size))]
                 dec.admit(rows)
                 while dec.rows:
@@ -218,6 +230,7 @@ class _Job:
             stats=out.stats,
             finish_reason=out.finish_reason or "length",
             lossless=self.drafter is None or is_lossless(self.cfg.verify),
+            top_logprobs=out.top if self.top_logprobs else None,
         )
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from exactspec.drafters.base import Drafter, TreeDrafter
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.sampling import SamplingParams, VerifyMethod, parse_method
+from exactspec.sampling.logprobs import LOGPROBS_MODES
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,14 @@ def check_stop(stop, tokenizer) -> list[str]:
 def check_bool(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise InvalidType(f"{name}={value!r} must be True or False")
+    return value
+
+
+def check_logprobs_mode(value) -> str:
+    if value not in LOGPROBS_MODES:
+        raise InvalidValue(f"logprobs_mode={value!r} must be one of {list(LOGPROBS_MODES)}: "
+                           "'processed' reports the sampling law (after temperature, top-k/p, "
+                           "penalties), 'raw' the model's own log_softmax of its logits")
     return value
 
 

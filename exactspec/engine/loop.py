@@ -56,6 +56,9 @@ class DecodeConfig:
     eos_token_ids: list[int]  # tokens that end a row
     stop: list[str]  # strings that end a row
     tokenizer: object | None  # for stop strings
+    # the law of logprobs and top alternatives: "processed" (the standardized p each token
+    # was drawn from, what RL needs) or "raw" (log_softmax of the model's raw logits)
+    logprobs_mode: str = "processed"
 
 
 def verify_rule(drafter: Drafter | None, verify_arg: VerifyMethod | str | VerifyFn):
@@ -122,7 +125,7 @@ class Decoder:
         self.rules = StepRules(
             verify=verify_rule(drafter, cfg.verify),
             check_q=not trusts_q(self.batch.drafter),
-            return_logprobs=cfg.return_logprobs,
+            return_logprobs=cfg.return_logprobs, logprobs_mode=cfg.logprobs_mode,
             tree_step=tree_rule(drafter, cfg.verify),
             greedy_verify=greedy_shortcut(drafter, cfg.verify), coupled=coupled)
 

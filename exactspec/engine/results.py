@@ -97,9 +97,14 @@ class Generation:
 
     token_ids: list[int]  # generated tokens, never the prompt
     text: str | None  # decoded without special tokens, cut before a stop string; None without tokenizer
-    logprobs: list[float] | None  # log p of each token under the target's standardized distribution
+    # log p of each token: under the target's standardized distribution (logprobs_mode
+    # "processed", the default) or the model's own log_softmax ("raw"); None unless asked
+    logprobs: list[float] | None
     stats: GenerationStats  # steps, acceptance, timing
     finish_reason: str = "length"  # "eos" | "stop" (a stop string) | "length" (max_new_tokens)
     # True when every token is distributed exactly as the target samples it; False when an
     # opt-in lossy verify rule ("lenient:L", "typical:EPS") or an uncertified callable decided
     lossless: bool = True
+    # per token, the top_logprobs most likely (token id, log p) of its position under the
+    # same law as `logprobs`, most likely first; None unless top_logprobs > 0
+    top_logprobs: list[list[tuple[int, float]]] | None = None

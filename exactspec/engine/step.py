@@ -26,7 +26,7 @@ from exactspec.sampling import (
 )
 from exactspec.sampling.chain import greedy_law
 from exactspec.sampling.history import history, prefix_history
-from exactspec.sampling.logprobs import token_log_probs
+from exactspec.sampling.logprobs import raw_log_probs, token_log_probs
 from exactspec.sampling.standardize import probs_from_logits_rows
 
 # rule(target_probs [B, K+1, V], drafts [B, K], q [B, K, V] | None, streams) -> Verdict
@@ -48,6 +48,9 @@ class StepRules:
     # a coupled method (VerifyMethod.coupled): its `verdict` decides instead of `verify`, the
     # target drawing with the uniforms of the rows' output positions, plain decoding included
     coupled: VerifyMethod | None = None
+    # which law logprobs and top alternatives report: "processed" (the standardized p the
+    # token was drawn from) or "raw" (log_softmax of the raw logits; sampling/logprobs.py)
+    logprobs_mode: str = "processed"
 
 
 class NoDrafter:
@@ -146,6 +149,7 @@ def decode_step(batch: BatchState, rules: StepRules, clock: Clock) -> list[tuple
         # a user drafter's q failed its check: the step keeps only the token after the
         # context (p at position 0 does not depend on the drafts), drawn as in plain decoding
         drafts, q, p, k = drafts[:, :0], q[:, :0], p[:, :1], 0
+        logits = logits[:, :1]
         num_real = torch.zeros_like(num_real)
         feats = feats[:, :1] if feats is not None else None
     if rules.coupled is not None:  # one uniform per output position, shared with the drafter
@@ -164,7 +168,7 @@ def decode_step(batch: BatchState, rules: StepRules, clock: Clock) -> list[tuple
     # 5. commit: the target keeps the verified tokens, each row what its stop rule allows
     batch.target.commit(n + 1)
     return finish_step(batch, rules, clock, p, verdict.tokens.to(dev), n, num_real, feats,
-                       (draft_s, target_s, verify_s), k + 1)
+                       (draft_s, target_s, verify_s), k + 1, logits)
 
 
 def finish_step(batch: BatchState, rules: StepRules, clock: Clock,
@@ -174,7 +178,9 @@ def finish_step(batch: BatchState, rules: StepRules, clock: Clock,
                 num_real: torch.Tensor,  # [B] tokens drafted per row
                 feats: torch.Tensor | None,  # [B, K+1, F] target features at those positions
                 seconds: tuple[float, float, float],  # draft, target, verify time of the step
-                width: int) -> list[tuple[Row, list[int]]]:  # tokens the target forward scored
+                width: int,  # tokens the target forward scored
+                logits: torch.Tensor | None,  # [B, K+1, V] raw logits p came from (raw mode)
+                ) -> list[tuple[Row, list[int]]]:
     """Hand a verified step to every row (the target's cache already keeps it): outputs, stop
     rules, logprobs, statistics, the draft-length policy, the batch's token buffer."""
     dev = batch.target.device
@@ -182,9 +188,18 @@ def finish_step(batch: BatchState, rules: StepRules, clock: Clock,
     batch.policy.observe(num_real, n)
     batch.policy.observe_costs(draft_s, width - 1, target_s, width, len(batch))
     logprobs = None
-    if rules.return_logprobs:
-        logprobs = token_log_probs(p, emitted).tolist()  # [B][K+1], es.token_logprobs's
-    tops = top_tokens(p, max((r.top_logprobs for r in batch.rows), default=0))
+    num_top = max((r.top_logprobs for r in batch.rows), default=0)
+    raw = rules.logprobs_mode == "raw"
+    if raw and (rules.return_logprobs or num_top):
+        assert logits is not None, "raw logprobs need the step's logits"
+        log_raw = raw_log_probs(logits)  # [B, K+1, V] the model's own law
+        if rules.return_logprobs:
+            logprobs = log_raw.gather(-1, emitted.clamp(min=0)[..., None])[..., 0].tolist()
+        tops = top_tokens(log_raw, num_top, log=False)
+    else:
+        if rules.return_logprobs:
+            logprobs = token_log_probs(p, emitted).tolist()  # [B][K+1], es.token_logprobs's
+        tops = top_tokens(p, num_top)
     gained = []
     now = time.perf_counter() - clock.start
     for j, (row, new, drafted, accepted) in enumerate(zip(
@@ -197,7 +212,7 @@ def finish_step(batch: BatchState, rules: StepRules, clock: Clock,
         if row.top_logprobs and tops is not None:
             out.top += top_lists(tops[0][j][:c], tops[1][j][:c], new[:c],
                                  logprobs[j][:c] if logprobs is not None else None,
-                                 row.top_logprobs)
+                                 row.top_logprobs, keep_impossible=raw)
         out.stats.record_step(drafted, accepted, len(out.tokens), draft_s, target_s, verify_s,
                               now - row.started)
         if reason is not None:
@@ -209,23 +224,27 @@ def finish_step(batch: BatchState, rules: StepRules, clock: Clock,
 
 
 def top_tokens(p: torch.Tensor,  # [B, K+1, V]
-               k: int) -> tuple[list, list] | None:  # ids, log p: [B][K+1][k] lists
-    """The k most likely tokens at every position and their log p, from the very p the step
-    verified with (log taken in float32 as the emitted tokens' logprobs are, so a token's
-    entry here equals its logprob bit for bit). None when k == 0."""
+               k: int, *, log: bool = True) -> tuple[list, list] | None:  # ids, log p lists
+    """The k most likely tokens at every position and their log p ([B][K+1][k] lists), from
+    the very p the step verified with (log taken in float32 as the emitted tokens' logprobs
+    are, so a token's entry here equals its logprob bit for bit); log=False: `p` holds log
+    probabilities already (raw mode's log_softmax). None when k == 0."""
     if k <= 0:
         return None
     vals, idx = p.topk(min(k, p.shape[-1]), dim=-1)  # [B, K+1, k]
-    return idx.tolist(), vals.log().tolist()
+    return idx.tolist(), (vals.log() if log else vals).tolist()
 
 
 def top_lists(ids: list[list[int]], vals: list[list[float]], emitted: list[int],
-              logprobs: list[float] | None, k: int) -> list[list[tuple[int, float]]]:
-    """Per emitted token, its position's k most likely (token, log p) with p > 0; the emitted
+              logprobs: list[float] | None, k: int, *,
+              keep_impossible: bool = False) -> list[list[tuple[int, float]]]:
+    """Per emitted token, its position's k most likely (token, log p) with p > 0 (all k,
+    -inf included, when keep_impossible: raw mode always gives k entries); the emitted
     token's own entry carries its logprob (the same float: one log, not two)."""
     out = []
     for j, (i_row, v_row) in enumerate(zip(ids, vals, strict=True)):
-        pairs = [(i, v) for i, v in zip(i_row[:k], v_row[:k], strict=True) if v > -float("inf")]
+        pairs = [(i, v) for i, v in zip(i_row[:k], v_row[:k], strict=True)
+                 if keep_impossible or v > -float("inf")]
         if logprobs is not None:
             pairs = [(i, logprobs[j] if i == emitted[j] else v) for i, v in pairs]
         out.append(pairs)
