@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 import socket
+from dataclasses import replace
 
 from exactspec.cli.common import (
     UsageError,
@@ -124,6 +125,24 @@ def add(sub) -> None:
                    "%(default)s)")
     p.add_argument("--request-timeout", type=float, default=600.0,
                    help="seconds per request before it fails with 504 (default %(default)s)")
+    p.add_argument("--max-body-bytes", type=at_least(1), default=8 * 1024 * 1024,
+                   help="largest request body; a larger one is refused with 413 before it is "
+                   "read (default %(default)s, 8 MiB)")
+    p.add_argument("--read-timeout", type=float, default=30.0,
+                   help="seconds for a request's head, and for its body, to arrive; then 408 "
+                   "and the connection closed (default %(default)s)")
+    p.add_argument("--limit-concurrency", type=at_least(1), default=1024,
+                   help="open connections; one more is answered 503 (default %(default)s)")
+    p.add_argument("--keep-alive-timeout", type=float, default=5.0,
+                   help="seconds an idle keep-alive connection stays open (default "
+                   "%(default)s)")
+    p.add_argument("--engine-restarts", type=at_least(0), default=5,
+                   help="the engine (model, drafter, decoding) runs in a child process; if it "
+                   "dies, requests in flight get 503 and it is restarted, at most this many "
+                   "tries in a row (default %(default)s)")
+    p.add_argument("--engine-in-process", action="store_true",
+                   help="run the engine in the server's own process (no restart; a crash of "
+                   "the engine ends the server)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health")
     p.add_argument("--served-name", default=None,
@@ -143,9 +162,12 @@ def run(args) -> int:
 
     from exactspec.models import load
     from exactspec.serve import EngineConfig, ServerConfig, build_drafter, serve
+    from exactspec.serve.main import EngineSpec, serve_engine_process
 
-    if args.request_timeout <= 0:
-        raise UsageError(f"--request-timeout must be > 0, got {args.request_timeout}")
+    for flag in ("request_timeout", "read_timeout", "keep_alive_timeout"):
+        if not getattr(args, flag) > 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be > 0 seconds, got "
+                             f"{getattr(args, flag)}")
     has_drafter = drafter_spec(args) is not None  # refuses ignored drafter flags
     refuse_without(args, {"num_draft_tokens": "--num-draft-tokens", "verify": "--verify"},
                    has_drafter, f"a drafter ({drafter_flags()})")
@@ -155,19 +177,37 @@ def run(args) -> int:
         raise UsageError("--ray needs --replicas N (N >= 2): it places engine replicas")
     if args.replicas > 1:  # the replicas load the model themselves, on Ray
         return _replicas(args, verify, has_drafter)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    model = load(args.model)
-    drafter, name = build_drafter(drafter_choice(args), model)
-    check_tree_method(drafter, verify)
     config = ServerConfig(
         served_name=args.served_name or args.model, api_key=args.api_key,
-        request_timeout=args.request_timeout, drafter_name=name,
+        request_timeout=args.request_timeout, limits=limits(args),
         engine=EngineConfig(max_batch=args.max_batch, max_queue=args.max_queue,
                             num_draft_tokens=value_or(args, "num_draft_tokens", "auto")
-                            if drafter else 0, verify=verify))
-    serve(model, drafter, config, host=args.host, port=args.port)
+                            if has_drafter else 0, verify=verify))
+    if args.engine_in_process:
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
+        model = load(args.model)
+        drafter, name = build_drafter(drafter_choice(args), model)
+        check_tree_method(drafter, verify)
+        serve(model, drafter, replace(config, drafter_name=name), host=args.host,
+              port=args.port)
+        return 0
+    spec = EngineSpec(model=args.model, drafter=drafter_choice(args), config=config,
+                      threads=args.threads)
+    try:  # the model loads in the engine process, restarted if it dies
+        serve_engine_process(spec, host=args.host, port=args.port,
+                             max_restarts=args.engine_restarts)
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from None
     return 0
+
+
+def limits(args):
+    """The server's bounds from the flags (exactspec/serve/guard.py)."""
+    from exactspec.serve.guard import Limits
+
+    return Limits(max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout,
+                  limit_concurrency=args.limit_concurrency, keep_alive=args.keep_alive_timeout)
 
 
 def _replicas(args, verify, has_drafter: bool) -> int:
@@ -177,7 +217,7 @@ def _replicas(args, verify, has_drafter: bool) -> int:
 
     config = ServerConfig(
         served_name=args.served_name or args.model, api_key=args.api_key,
-        request_timeout=args.request_timeout, drafter_name="plain",
+        request_timeout=args.request_timeout, drafter_name="plain", limits=limits(args),
         engine=EngineConfig(max_batch=args.max_batch, max_queue=args.max_queue,
                             num_draft_tokens=value_or(args, "num_draft_tokens", "auto")
                             if has_drafter else 0, verify=verify))

@@ -29,6 +29,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from exactspec.drafters.base import Drafter
@@ -105,19 +106,26 @@ class Submission:
     """One request between the HTTP handler and the engine."""
 
     spec: RequestSpec  # what was asked
-    loop: asyncio.AbstractEventLoop  # the handler's loop, where events are delivered
+    loop: asyncio.AbstractEventLoop | None  # the handler's loop, where events are delivered
     events: asyncio.Queue = field(default_factory=asyncio.Queue)  # Delta / Finished / Failed
     choices: list[Choice] = field(default_factory=list)  # filled by the engine on submit
     cancelled: bool = False  # set by the handler: nobody reads the events any more
     done: bool = False  # every choice finished, or failed
     submitted: float = field(default_factory=time.perf_counter)  # perf_counter at submit
     first_token: float | None = None  # perf_counter of the first token
+    deliver: Callable[[Delta | Finished | Failed], None] | None = None  # instead of `loop`
+    on_cancel: Callable[[], None] | None = None  # also told of a cancel (the engine process)
 
     def cancel(self) -> None:
         """Stop decoding this request (thread-safe; the engine drops it at its next step)."""
         self.cancelled = True
+        if self.on_cancel is not None:
+            self.on_cancel()
 
     def send(self, event: Delta | Finished | Failed) -> None:
+        if self.deliver is not None:  # the engine process: events go down the pipe
+            self.deliver(event)
+            return
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the event loop is closed: nobody is listening
@@ -150,9 +158,11 @@ class ServingEngine:
         self._thread = threading.Thread(target=self._loop, name="exactspec-engine", daemon=True)
         self._thread.start()
 
-    def submit(self, spec: RequestSpec, loop: asyncio.AbstractEventLoop) -> Submission:
-        """Queue a validated request; raises ApiError 429 (queue full) or 503 (shutting down)."""
-        sub = Submission(spec=spec, loop=loop)
+    def submit(self, spec: RequestSpec, loop: asyncio.AbstractEventLoop | None, *,
+               deliver: Callable | None = None) -> Submission:
+        """Queue a validated request; raises ApiError 429 (queue full) or 503 (shutting down).
+        Its events go to `loop`'s queue, or to `deliver` (the engine process's pipe)."""
+        sub = Submission(spec=spec, loop=loop, deliver=deliver)
         rows = spec.rows
         seeds = RowStreams.from_seed(spec.params.seed, len(rows)).seeds.tolist()
         sub.choices = [Choice(i, p, s, RowText(self.model.tokenizer, spec.stop))
@@ -174,6 +184,18 @@ class ServingEngine:
             self.metrics.waiting = len(self._waiting)
             self.metrics.prompt_tokens += spec.prompt_tokens
         return sub
+
+    async def enqueue(self, spec: RequestSpec, loop: asyncio.AbstractEventLoop) -> Submission:
+        """`submit`, as the app calls every engine (`EngineSupervisor` answers later)."""
+        return self.submit(spec, loop)
+
+    def health(self) -> tuple[str, str]:
+        """("ok", "") while this thread's engine serves (it has no restart state)."""
+        return "ok", ""
+
+    async def render_metrics(self, metrics: Metrics) -> str:
+        """The /metrics text: `metrics` hold everything in this process."""
+        return metrics.render()
 
     def pause(self) -> None:
         """Hold admissions: queued requests wait until `resume` (running ones continue)."""

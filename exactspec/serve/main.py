@@ -22,6 +22,7 @@ from exactspec.drafters.registry import DrafterSpec, build, drafter_flags
 from exactspec.errors import InvalidValue
 from exactspec.models.loading import Model
 from exactspec.serve.app import ServerConfig, create_app
+from exactspec.serve.guard import Guard, protocol
 
 
 @dataclass
@@ -104,8 +105,42 @@ def serve(model: Model, drafter: Drafter | None, config: ServerConfig, *, host: 
     """
     app = create_app(model, drafter, config)
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(app, host=host, port=port, log_level="info",
-                timeout_graceful_shutdown=int(config.request_timeout) + 5)
+    uvicorn.Server(uvicorn_config(app, config, host=host, port=port, log_level="info",
+                                  timeout_graceful_shutdown=int(config.request_timeout) + 5)
+                   ).run()
+
+
+def serve_engine_process(spec: EngineSpec, *, host: str = "127.0.0.1", port: int = 8000,
+                         max_restarts: int = 5) -> None:
+    """`serve` with the engine in a child process (`supervisor.EngineSupervisor`): built
+    there from `spec`, restarted if it dies; this process answers HTTP and tokenizes.
+    RuntimeError if the engine cannot start (the child's reason in the message)."""
+    from exactspec.serve.metrics import Metrics
+    from exactspec.serve.supervisor import EngineSupervisor
+
+    metrics = Metrics()
+    supervisor = EngineSupervisor(spec, metrics, max_restarts=max_restarts)
+    info = supervisor.launch()
+    config = replace(spec.config or ServerConfig(served_name=spec.model),
+                     drafter_name=info.drafter_name)
+    app = create_app(info.model(), None, config, engine=supervisor, metrics=metrics,
+                     speculative=info.drafter_name != "plain")
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    try:
+        uvicorn.Server(uvicorn_config(app, config, host=host, port=port, log_level="info",
+                                      timeout_graceful_shutdown=int(config.request_timeout) + 5)
+                       ).run()
+    finally:
+        supervisor.stop(drain=False, timeout=10)  # a no-op after the lifespan's drain
+
+
+def uvicorn_config(app, config: ServerConfig, **kw) -> uvicorn.Config:
+    """uvicorn's settings for `app` (from `create_app`) under `config.limits`: the app behind
+    the `Guard`, the guarded protocol, the keep-alive timeout; `kw` for uvicorn.Config."""
+    limits, metrics = config.limits, app.state.metrics
+    return uvicorn.Config(Guard(app, limits=limits, metrics=metrics),
+                          http=protocol(limits, metrics), timeout_keep_alive=limits.keep_alive,
+                          **kw)
 
 
 def _exit_cleanly(_sig, _frame) -> None:
@@ -132,7 +167,7 @@ class BackgroundServer:
         self.app = create_app(model, drafter, config)
         self.port = free_port(host)  # where it listens
         self.url = f"http://{host}:{self.port}"  # base URL; the OpenAI client takes url + /v1
-        cfg = uvicorn.Config(self.app, host=host, port=self.port, log_level="warning",
+        cfg = uvicorn_config(self.app, config, host=host, port=self.port, log_level="warning",
                              timeout_graceful_shutdown=int(stop_timeout))
         self.server = uvicorn.Server(cfg)
         self.start_timeout = start_timeout  # seconds to wait for it to listen

@@ -13,6 +13,7 @@ from collections import defaultdict
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
 
 from exactspec.engine.results import GenerationStats
 
@@ -29,6 +30,7 @@ class Metrics:
         self.lock = threading.Lock()  # guards every plain field below
         self.requests = defaultdict(int)  # finished requests by outcome: stop, length, error...
         self.rejected = defaultdict(int)  # refused before the engine, by reason
+        self.answers = defaultdict(int)  # (route, status code) -> HTTP answers sent
         self.drafter_faults = defaultdict(int)  # drafter exceptions survived (rows went plain)
         self.prompt_tokens = 0  # over finished and running requests
         self.generation_tokens = 0  # tokens emitted to choices
@@ -79,6 +81,11 @@ class Metrics:
         with self.lock:
             getattr(self, field)[key] += value
 
+    def count_answer(self, route: str, status: int) -> None:
+        """One HTTP answer sent on `route` with `status` (every answer, refusals included)."""
+        with self.lock:
+            self.answers[(route, str(status))] += 1
+
     def render(self) -> str:
         """The Prometheus text exposition (version 0.0.4)."""
         return generate_latest(self.registry).decode()
@@ -126,6 +133,7 @@ class _Fields:
                         ("spec_decode_num_draft_tokens_per_pos",
                          "Proposed draft tokens by draft position (0 = first).", "position",
                          {str(k): v for k, v in m.drafted_per_pos.items()})]
+            answers = dict(m.answers)
         for name, help_, value in gauges:
             yield GaugeMetricFamily(p + name, help_, value=value)
         for name, help_, value in counters:
@@ -135,3 +143,36 @@ class _Fields:
             for key, value in sorted(values.items()):
                 family.add_metric([key], value)
             yield family
+        family = CounterMetricFamily(p + "http_requests", "HTTP answers by route and status "
+                                     "code, refusals included.", labels=["route", "code"])
+        for key, value in sorted(answers.items()):
+            family.add_metric(list(key), value)
+        yield family
+
+
+def merge(texts: list[str]) -> list:
+    """The families of several expositions with equal samples summed (a `_peak` gauge: the
+    largest); for the replicas' router and the front over its engine process."""
+    merged: dict[str, object] = {}  # family name -> family, samples summed in place
+    for text in texts:
+        for fam in text_string_to_metric_families(text):
+            if fam.name.endswith("_created"):
+                continue
+            fam.samples = [s for s in fam.samples if not s.name.endswith("_created")]
+            mine = merged.get(fam.name)
+            if mine is None:
+                merged[fam.name] = fam
+                continue
+            index = {(s.name, tuple(sorted(s.labels.items()))): n
+                     for n, s in enumerate(mine.samples)}
+            for s in fam.samples:
+                key = (s.name, tuple(sorted(s.labels.items())))
+                if key not in index:
+                    index[key] = len(mine.samples)
+                    mine.samples.append(s)
+                    continue
+                old = mine.samples[index[key]]
+                value = max(old.value, s.value) if s.name.endswith("_peak") \
+                    else old.value + s.value
+                mine.samples[index[key]] = old._replace(value=value)
+    return list(merged.values())

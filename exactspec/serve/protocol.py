@@ -47,6 +47,9 @@ class ApiError(Exception):
         self.code = code  # OpenAI error code, if any
         self.headers = headers or {}  # extra response headers (Retry-After on 429)
 
+    def __reduce__(self):  # pickled across the engine process's pipe
+        return (ApiError, (self.status, self.message), dict(self.__dict__))
+
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
@@ -85,8 +88,13 @@ class RequestSpec:
 
 
 def parse_request(body: object, kind: str, model: Model, served_name: str,
-                  max_tokens_cap: int) -> RequestSpec:
-    """Validate an OpenAI request body (already JSON-decoded) against the served model."""
+                  max_tokens_cap: int, *, max_prompt_bytes: int | None = None) -> RequestSpec:
+    """Validate an OpenAI request body (already JSON-decoded) against the served model.
+
+    `max_prompt_bytes` (see `prompt_byte_limit`) refuses a prompt text too long for the
+    context before it is tokenized; text that is not valid Unicode (a lone surrogate, which
+    JSON's \\ud800 escapes can carry) is refused naming its field.
+    """
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object", None)
     name = body.get("model")
@@ -105,7 +113,8 @@ def parse_request(body: object, kind: str, model: Model, served_name: str,
             raise ApiError(400, f"Unknown parameter: '{key}'. This server does not implement "
                            "it; remove it (see the README's Server section for the fields "
                            "it takes)", param=key, code="unknown_parameter")
-    prompts = _chat_prompt(body, model) if kind == "chat" else _text_prompts(body, model)
+    prompts = (_chat_prompt(body, model, max_prompt_bytes) if kind == "chat"
+               else _text_prompts(body, model, max_prompt_bytes))
     n = _int(body, "n", 1, 1, MAX_N)
     stream = _bool(body, "stream", False)
     opts = body.get("stream_options")
@@ -153,11 +162,41 @@ def chat_text(model: Model, messages: list[dict]) -> tuple[str, bool]:
     return text, True
 
 
-def _chat_prompt(body: dict, model: Model) -> list[list[int]]:
+def prompt_byte_limit(model: Model, factor: int = 2) -> int | None:
+    """The longest prompt text, in UTF-8 bytes, that could fit the context: `factor` times the
+    context times the tokenizer's longest token (in bytes of its vocabulary string). No token
+    covers more bytes than that, so a longer text has more tokens than the context holds and
+    is refused before tokenizing it; `factor` leaves room for normalizers that shorten text.
+    None without a tokenizer (prompts are token ids, bounded by the body size)."""
+    if model.tokenizer is None:
+        return None
+    longest = max((len(t.encode("utf-8", "replace")) for t in model.tokenizer.get_vocab()),
+                  default=1)
+    return factor * max(longest, 1) * model.max_context
+
+
+def _utf8_size(text: str, where: str) -> int:
+    """The UTF-8 length of `text`; 400 naming `where` if it holds a lone surrogate."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise bad(f"'{where}' holds {text[exc.start]!r} at character {exc.start}, a lone UTF-16 "
+                  "surrogate that is no Unicode character; send valid UTF-8 text (a "
+                  "surrogate pair for characters beyond U+FFFF)", where) from None
+
+
+def _check_size(size: int, limit: int | None, where: str, model: Model) -> None:
+    if limit is not None and size > limit:
+        raise bad(f"'{where}' is {size} bytes of text, more than this model's context of "
+                  f"{model.max_context} tokens can hold (at most {limit} bytes, from the "
+                  "tokenizer's longest token); send a shorter prompt", where)
+
+
+def _chat_prompt(body: dict, model: Model, max_bytes: int | None) -> list[list[int]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("'messages' must be a non-empty list of {role, content} objects", "messages")
-    clean = []
+    clean, size = [], 0
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -177,10 +216,12 @@ def _chat_prompt(body: dict, model: Model) -> list[list[int]]:
             content = "".join(parts)
         if not isinstance(content, str):
             raise bad(f"'{where}.content' must be a string", f"{where}.content")
+        size += _utf8_size(content, f"{where}.content")
         clean.append({"role": "system" if role == "developer" else role, "content": content})
     if model.tokenizer is None:
         raise bad("this model has no tokenizer, so it cannot take chat messages; use "
                   "/v1/completions with token ids", "messages")
+    _check_size(size, max_bytes, "messages", model)
     text, templated = chat_text(model, clean)
     ids = list(model.tokenizer(text, add_special_tokens=not templated)["input_ids"])
     if not ids:
@@ -188,7 +229,7 @@ def _chat_prompt(body: dict, model: Model) -> list[list[int]]:
     return [ids]
 
 
-def _text_prompts(body: dict, model: Model) -> list[list[int]]:
+def _text_prompts(body: dict, model: Model, max_bytes: int | None) -> list[list[int]]:
     prompt = body.get("prompt")
     single_ids = isinstance(prompt, list) and bool(prompt) and all(_is_id(t) for t in prompt)
     if isinstance(prompt, str) or single_ids:
@@ -203,6 +244,7 @@ def _text_prompts(body: dict, model: Model) -> list[list[int]]:
                 raise bad(f"'prompt[{i}]' is empty", "prompt")
             if model.tokenizer is None:
                 raise bad("this model has no tokenizer; send token ids", "prompt")
+            _check_size(_utf8_size(p, f"prompt[{i}]"), max_bytes, "prompt", model)
             ids = model.encode(p)
         elif isinstance(p, list) and p and all(_is_id(t) for t in p):
             ids = list(p)
@@ -240,6 +282,8 @@ def _stop(body: dict) -> list[str]:
         raise bad("'stop' must be a non-empty string or a list of them", "stop")
     if len(stops) > MAX_STOP:
         raise bad(f"'stop' takes at most {MAX_STOP} strings, got {len(stops)}", "stop")
+    for s in stops:
+        _utf8_size(s, "stop")
     return list(dict.fromkeys(stops))
 
 

@@ -29,11 +29,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
 from exactspec.serve.main import BackgroundServer, EngineSpec, build_server
-from exactspec.serve.metrics import CONTENT_TYPE, PREFIX
+from exactspec.serve.metrics import CONTENT_TYPE, PREFIX, merge
 
 log = logging.getLogger(__name__)
 
@@ -76,28 +75,7 @@ class _Merged:
         self.texts = texts  # each replica's exposition
 
     def collect(self):
-        merged: dict[str, object] = {}  # family name -> family, samples summed in place
-        for text in self.texts:
-            for fam in text_string_to_metric_families(text):
-                if fam.name.endswith("_created"):
-                    continue
-                fam.samples = [s for s in fam.samples if not s.name.endswith("_created")]
-                mine = merged.get(fam.name)
-                if mine is None:
-                    merged[fam.name] = fam
-                    continue
-                index = {(s.name, tuple(sorted(s.labels.items()))): n
-                         for n, s in enumerate(mine.samples)}
-                for s in fam.samples:
-                    key = (s.name, tuple(sorted(s.labels.items())))
-                    if key not in index:
-                        index[key] = len(mine.samples)
-                        mine.samples.append(s)
-                        continue
-                    old = mine.samples[index[key]]
-                    value = max(old.value, s.value) if s.name.endswith("_peak") \
-                        else old.value + s.value
-                    mine.samples[index[key]] = old._replace(value=value)
+        merged = {fam.name: fam for fam in merge(self.texts)}
         for fam in merged.values():  # a mean over replicas, not a sum
             fam.samples = [s._replace(value=s.value / len(self.texts))
                            if s.name.endswith("mean_acceptance_length") else s

@@ -1,0 +1,237 @@
+"""Requests' answers: events from the engine turned into OpenAI responses and stream chunks.
+
+`collect` waits for a non-streaming answer (watching for a disconnect and the timeout),
+`sse` streams one as server-sent events; both cancel the request's rows if they end early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from exactspec.engine.results import GenerationStats
+from exactspec.serve.engine import Delta, Failed, Finished, Submission
+from exactspec.serve.guard import error_body
+from exactspec.serve.protocol import ApiError, RequestSpec
+from exactspec.serve.rows import token_strings
+
+if TYPE_CHECKING:
+    from exactspec.serve.app import ServerConfig
+
+POLL_SECONDS = 0.25  # how often a waiting non-streaming handler checks for a disconnect
+
+
+def error_response(exc: ApiError) -> Response:
+    """OpenAI's error body with `exc`'s status and headers (ASCII-escaped: always renders)."""
+    return Response(error_body(exc), status_code=exc.status, headers=exc.headers,
+                    media_type="application/json")
+
+
+def timeout_error(spec: RequestSpec, timeout: float) -> ApiError:
+    return ApiError(504, f"the request ran past the server's timeout of {timeout:g} s; ask for "
+                    f"fewer tokens (max_tokens={spec.max_tokens})", type="timeout_error",
+                    code="request_timeout")
+
+
+class Answer:
+    """Accumulates a request's events into OpenAI responses and stream chunks."""
+
+    def __init__(self, spec: RequestSpec, kind: str, config: ServerConfig, sub: Submission,
+                 lossless: bool = True, verify: str = "token"):
+        self.spec, self.kind, self.config, self.sub = spec, kind, config, sub
+        self.lossless = lossless  # False under an opt-in lossy verify rule
+        self.verify = verify  # the verify method's name
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        n = len(sub.choices)
+        self.finished: list[Finished | None] = [None] * n
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+        self.logprobs: list[list[float]] = [[] for _ in range(n)]
+        self.top: list[list[list[tuple[int, float]]]] = [[] for _ in range(n)]
+        self.tokenizer = sub_tokenizer(sub)
+
+    @property
+    def done(self) -> bool:
+        return all(f is not None for f in self.finished)
+
+    def add(self, ev: Delta | Finished) -> None:
+        if isinstance(ev, Delta):
+            self.tokens[ev.index] += ev.token_ids
+            self.logprobs[ev.index] += ev.logprobs or []
+            self.top[ev.index] += ev.top or []
+        else:
+            self.finished[ev.index] = ev
+
+    def usage(self) -> dict:
+        completion = sum(len(f.token_ids) for f in self.finished if f is not None)
+        prompt = self.spec.prompt_tokens
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}
+
+    def extension(self) -> dict:
+        """The speculative statistics of the whole request (its choices summed)."""
+        stats = [f.stats for f in self.finished if f is not None]
+        total = GenerationStats()
+        for st in stats:
+            total.steps += st.steps
+            total.drafted += st.drafted
+            total.accepted += st.accepted
+            total.emitted += st.emitted
+            for i, c in enumerate(st.accepted_per_position):
+                if i == len(total.accepted_per_position):
+                    total.accepted_per_position.append(0)
+                total.accepted_per_position[i] += c
+        return {"drafter": self.config.drafter_name, "verify": self.verify,
+                "lossless": self.lossless, "seed": self.spec.params.seed,
+                "seeded": self.spec.seeded, "steps": total.steps, "drafted": total.drafted,
+                "accepted": total.accepted, "acceptance_rate": total.acceptance_rate,
+                "mean_acceptance_length": total.mean_acceptance_length,
+                "accepted_per_position": total.accepted_per_position}
+
+    def _logprobs(self, i: int, start: int, end: int, offset: int = 0) -> dict | None:
+        if not self.spec.logprobs:
+            return None
+        ids = self.tokens[i][start:end]
+        strs = token_strings(self.tokenizer, ids)
+        lps = self.logprobs[i][start:end]
+        tops = self.top[i][start:end] if self.spec.top_logprobs else [[] for _ in ids]
+        if self.kind == "chat":
+            return {"content": [
+                {"token": s, "logprob": lp, "bytes": list(s.encode()),
+                 "top_logprobs": [{"token": (t := self.tokenizer.decode([tid])), "logprob": v,
+                                   "bytes": list(t.encode())} for tid, v in top]}
+                for s, lp, top in zip(strs, lps, tops, strict=True)]}
+        offsets, at = [], offset
+        for s in strs:
+            offsets.append(at)
+            at += len(s)
+        return {"tokens": strs, "token_logprobs": lps,
+                "top_logprobs": ([{self.tokenizer.decode([tid]): v for tid, v in top}
+                                  for top in tops] if self.spec.top_logprobs else None),
+                "text_offset": offsets}
+
+    def response(self) -> dict:
+        choices = []
+        for i, f in enumerate(self.finished):
+            assert f is not None
+            lp = self._logprobs(i, 0, len(self.tokens[i]))
+            if self.kind == "chat":
+                choices.append({"index": i, "message": {"role": "assistant", "content": f.text},
+                                "logprobs": lp, "finish_reason": f.finish_reason})
+            else:
+                choices.append({"index": i, "text": f.text, "logprobs": lp,
+                                "finish_reason": f.finish_reason})
+        return {"id": self.id, "object": "chat.completion" if self.kind == "chat"
+                else "text_completion", "created": self.created, "model": self.spec.model,
+                "choices": choices, "usage": self.usage(), "exactspec": self.extension()}
+
+    def chunk(self, choices: list[dict], usage: dict | None = None, last: bool = False) -> str:
+        body = {"id": self.id, "object": "chat.completion.chunk" if self.kind == "chat"
+                else "text_completion", "created": self.created, "model": self.spec.model,
+                "choices": choices}
+        if self.spec.include_usage:
+            body["usage"] = usage
+        if last:
+            body["exactspec"] = self.extension()
+        return _event(body)
+
+    def delta_chunk(self, ev: Delta, start: int, sent_chars: int) -> str:
+        reason = ev.finish_reason
+        end = start + len(ev.token_ids)
+        lp = self._logprobs(ev.index, start, end, sent_chars)
+        if self.kind == "chat":
+            choice = {"index": ev.index, "delta": {"content": ev.text} if ev.text else {},
+                      "logprobs": lp, "finish_reason": reason}
+        else:
+            choice = {"index": ev.index, "text": ev.text, "logprobs": lp,
+                      "finish_reason": reason}
+        return self.chunk([choice])
+
+
+def sub_tokenizer(sub: Submission):
+    return sub.choices[0].text.tokenizer
+
+
+async def _next_event(sub: Submission, deadline: float, poll: float | None):
+    """The next event, None after `poll` seconds, or TimeoutError past the deadline."""
+    remaining = deadline - time.perf_counter()
+    if remaining <= 0:
+        raise TimeoutError
+    wait = remaining if poll is None else min(poll, remaining)
+    try:
+        return await asyncio.wait_for(sub.events.get(), timeout=wait)
+    except TimeoutError:
+        if time.perf_counter() >= deadline:
+            raise
+        return None
+
+
+async def collect(request: Request, answer: Answer, deadline: float) -> Response:
+    """A non-streaming answer: wait for every choice, watching for disconnects and timeout."""
+    sub = answer.sub
+    checked = time.perf_counter()
+    try:
+        while not answer.done:
+            try:
+                ev = await _next_event(sub, deadline, POLL_SECONDS)
+            except TimeoutError:
+                timeout = answer.config.request_timeout
+                return error_response(timeout_error(answer.spec, timeout))
+            if time.perf_counter() - checked >= POLL_SECONDS:  # events or not: still there?
+                checked = time.perf_counter()
+                if await request.is_disconnected():
+                    return Response(status_code=499)  # nobody reads it; the rows are cancelled
+            if ev is None:
+                continue
+            if isinstance(ev, Failed):
+                return error_response(ev.error)
+            answer.add(ev)
+        return JSONResponse(answer.response())
+    finally:
+        if not answer.done:
+            sub.cancel()
+
+
+async def sse(answer: Answer, deadline: float) -> AsyncIterator[str]:
+    """A streaming answer as server-sent events; a disconnect ends it and cancels the rows."""
+    sub, spec = answer.sub, answer.spec
+    n = len(sub.choices)
+    start = [0] * n  # tokens already sent per choice
+    chars = [0] * n  # text characters already sent per choice (text_offset)
+    try:
+        if answer.kind == "chat":
+            yield answer.chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                                 "logprobs": None, "finish_reason": None} for i in range(n)])
+        while not answer.done:
+            try:
+                ev = await _next_event(sub, deadline, None)
+            except TimeoutError:
+                yield _event(timeout_error(spec, answer.config.request_timeout).body())
+                return
+            if isinstance(ev, Failed):
+                yield _event(ev.error.body())
+                return
+            answer.add(ev)
+            if isinstance(ev, Delta) and (ev.text or ev.token_ids or ev.finish_reason):
+                i = ev.index
+                yield answer.delta_chunk(ev, start[i], chars[i])
+                start[i] += len(ev.token_ids)
+                chars[i] += len(ev.text)
+        if spec.include_usage:
+            yield answer.chunk([], usage=answer.usage(), last=True)
+        yield "data: [DONE]\n\n"
+    finally:
+        if not answer.done:
+            sub.cancel()
+
+
+def _event(body: dict) -> str:
+    return f"data: {json.dumps(body)}\n\n"
