@@ -11,7 +11,6 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -21,9 +20,6 @@ from exactspec.serve.engine import Delta, Failed, Finished, Submission
 from exactspec.serve.guard import error_body
 from exactspec.serve.protocol import ApiError, RequestSpec
 from exactspec.serve.rows import token_strings
-
-if TYPE_CHECKING:
-    from exactspec.serve.app import ServerConfig
 
 POLL_SECONDS = 0.25  # how often a waiting non-streaming handler checks for a disconnect
 
@@ -43,9 +39,10 @@ def timeout_error(spec: RequestSpec, timeout: float) -> ApiError:
 class Answer:
     """Accumulates a request's events into OpenAI responses and stream chunks."""
 
-    def __init__(self, spec: RequestSpec, kind: str, config: ServerConfig, sub: Submission,
+    def __init__(self, spec: RequestSpec, kind: str, config, sub: Submission,
                  lossless: bool = True, verify: str = "token"):
-        self.spec, self.kind, self.config, self.sub = spec, kind, config, sub
+        self.spec, self.kind, self.sub = spec, kind, sub
+        self.config = config  # the ServerConfig: drafter_name, request_timeout
         self.lossless = lossless  # False under an opt-in lossy verify rule
         self.verify = verify  # the verify method's name
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
