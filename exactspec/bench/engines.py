@@ -19,6 +19,7 @@ from torch import nn
 from exactspec.bench import llama_cpp
 from exactspec.bench.figures import linear_weight_bytes
 from exactspec.bench.hf_quantized import quantized_copy
+from exactspec.bench.isolated import Isolated
 from exactspec.bench.specs import MODES, EngineSpec, Mode, Run, add_counts
 from exactspec.drafters.registry import DRAFTERS, BenchUse, DrafterSpec, bench_uses, build
 from exactspec.engine import generate
@@ -119,7 +120,8 @@ class Engines:
         self._pad = self._hf_eos[0] if self._hf_eos else 0
         self.device = dev
         self._assistants: dict[str, nn.Module] = {}  # transformers assistant per drafter
-        self._llama: dict[str, llama_cpp.LlamaCppPlain] = {}  # llama.cpp engine per GGUF type
+        self._llama: dict[str, Isolated] = {}  # llama.cpp engine per GGUF type (a child each)
+        self._llama_bytes: dict[str, int] = {}  # weight bytes its one-token step reads
         self._reused: dict[str, object] = {}  # engine name -> its drafter (BenchUse.reuse)
 
     @property
@@ -140,19 +142,28 @@ class Engines:
             return False
         return not (use.source is None and entry.takes_source and name not in self.sources)
 
+    def why_not(self, spec: EngineSpec) -> str | None:
+        """Why a llama.cpp engine cannot run for this target here (None: it can, or it is not
+        llama.cpp's)."""
+        return llama_cpp.why_not(self.target.model) if spec.family == "llama.cpp" else None
+
     def run(self, spec: EngineSpec, prompts: list[list[int]], mode: Mode, max_new_tokens: int,
             seed: int) -> Run:
         if spec.family == "exactspec":
             return self._run_exactspec(spec, prompts, mode, max_new_tokens, seed)
         if spec.family == "llama.cpp":
-            return self.llama(spec).run(prompts, mode, max_new_tokens, seed)
+            return self.llama(spec).call("run", prompts, mode, max_new_tokens, seed)
         return self._run_transformers(spec, prompts, mode, max_new_tokens, seed)
 
-    def llama(self, spec: EngineSpec) -> llama_cpp.LlamaCppPlain:
-        """The llama.cpp engine of a spec (its GGUF exported and loaded once)."""
+    def llama(self, spec: EngineSpec) -> Isolated:
+        """The llama.cpp engine of a spec, in a child process of its own (bench/isolated.py:
+        a native crash loses its rows only); its GGUF exported here once."""
         if spec.weights not in self._llama:
-            self._llama[spec.weights] = llama_cpp.LlamaCppPlain(
-                self.target.model, spec.weights, self._hf_eos)
+            path = llama_cpp.gguf_for(self.target.model, spec.weights)
+            self._llama[spec.weights] = Isolated(
+                spec.name, llama_cpp.LlamaCppPlain, path, spec.weights, self._hf_eos,
+                threads=torch.get_num_threads())
+            self._llama_bytes[spec.weights] = llama_cpp.gguf_weight_bytes(path)
         return self._llama[spec.weights]
 
     def weight_bytes(self, spec: EngineSpec) -> int:
@@ -160,7 +171,8 @@ class Engines:
         exactspec (when it runs the target, else transformers'), every nn.Linear weight for
         transformers, the GGUF's matrices for llama.cpp (bench/llama_cpp.py)."""
         if spec.family == "llama.cpp":
-            return self.llama(spec).weight_bytes
+            self.llama(spec)
+            return self._llama_bytes[spec.weights]
         lean = lean_forward_for(self.target.model) if spec.family == "exactspec" else None
         return lean.weight_bytes if lean is not None else linear_weight_bytes(self.target.model)
 

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from exactspec.bench.engines import MODES, Engines, EngineSpec, Run, default_engines
 from exactspec.bench.figures import bandwidth_summary, machine_info
+from exactspec.bench.isolated import EngineCrashed
 from exactspec.bench.rows import engine_row, merge_runs
 from exactspec.bench.trees import compared, summarise, tree_engines, with_named
 from exactspec.errors import InvalidValue
@@ -109,8 +110,11 @@ class Bench:
             raise InvalidValue(f"no engine is named {unknown}; names are "
                                f"{[s.name for s in specs]}, or spell a tree or chain as "
                                "'eagle tree 4,1,1,1', 'lookup tree 3x4', 'eagle K=16'")
-        self.specs = [s for s in specs if self.runner.available(s)
-                      and (cfg.engines is None or any(e in s.name for e in cfg.engines))]
+        asked = [s for s in specs if cfg.engines is None or any(e in s.name for e in cfg.engines)]
+        self.specs = [s for s in asked if self.runner.available(s)]
+        # engine -> why its rows are missing: llama.cpp unusable here (asked for, not run) ...
+        self.left_out = {s.name: why for s in asked if (why := self.runner.why_not(s))}
+        self.crashed: dict[str, str] = {}  # ... or its child process crashed (bench/isolated)
         if not self.specs:
             raise InvalidValue(f"no engine matches {cfg.engines}; names are "
                              f"{[s.name for s in specs]}")
@@ -176,17 +180,19 @@ class Bench:
             warm = self._encode(self.workloads[0].prompts[0])
             for s in self.specs:  # warm-up: first calls pay for allocation and lazy init
                 bar.set_postfix_str(f"warm-up {s.name}")
-                self.runner.run(s, [warm], MODES["greedy"], 8, seed=0)
+                self._run(s, [warm], MODES["greedy"], 8, seed=0)
                 bar.update()
             for r, mode, w, i, s in jobs:
                 bar.set_postfix_str(f"{mode} {w.name} {s.name}")
-                run = self.runner.run(s, [self._encode(self._prompts(w)[i])], MODES[mode],
-                                      self._budget(w), seed=1000 * r + i)
+                run = self._run(s, [self._encode(self._prompts(w)[i])], MODES[mode],
+                                self._budget(w), seed=1000 * r + i)
+                bar.update()
+                if run is None:
+                    continue
                 per_round = runs.setdefault((s.name, mode, w.name), [])
                 while len(per_round) <= r:
                     per_round.append([])
                 per_round[r].append(run)
-                bar.update()
             sweep_runs = self._run_group(sweep, self._sweep_prompts(), bar, "sweep")
             batch_runs = self._run_group(batch, self._batch_prompts(), bar, "batch")
         except KeyboardInterrupt:
@@ -209,6 +215,8 @@ class Bench:
             "sweep": self._summarise_group(sweep, sweep_runs, "sweep"),
             "batch": self._summarise_group(batch, batch_runs, "batch"),
             "trees": None if interrupted else self._trees(summary),
+            "left_out": self.left_out,  # engine -> why it did not run here
+            "crashed": self.crashed,  # engine -> how its child process died (rows lost)
         }
         result["duration_seconds"] = time.perf_counter() - start
         result["interrupted"] = interrupted
@@ -234,6 +242,18 @@ class Bench:
                 "rows": summarise(specs, rows, grounded, ms)}
 
     # --- sweep (speedup against K) and batch (8 rows at once) --------------------------------
+
+    def _run(self, spec: EngineSpec, prompts, mode, max_new_tokens: int, seed: int):
+        """One run of `spec`; None once its engine has crashed (that engine's rows are lost,
+        logged once and listed in the result's "crashed")."""
+        if spec.name in self.crashed:
+            return None
+        try:
+            return self.runner.run(spec, prompts, mode, max_new_tokens, seed)
+        except EngineCrashed as e:
+            self.crashed[spec.name] = str(e)
+            log.warning("%s; its rows are left out, the other engines go on", e)
+            return None
 
     def _sweep_specs(self) -> list[EngineSpec]:
         if not self.cfg.sweep_ks or self.cfg.sweep_workload not in {w.name for w in self.workloads}:
@@ -283,10 +303,13 @@ class Bench:
                 merged = None
                 for i, prompts in enumerate(prompt_sets):
                     n = budget or (self._budget(w) if w else 32)
-                    run = self.runner.run(s, prompts, MODES["greedy"], n, seed=1000 * r + i)
+                    run = self._run(s, prompts, MODES["greedy"], n, seed=1000 * r + i)
+                    if run is None:
+                        break
                     merged = run if merged is None else merge_runs(merged, run)
-                out.setdefault(s.name, []).append(merged)
                 bar.update()
+                if run is not None:
+                    out.setdefault(s.name, []).append(merged)
         return out
 
     def _summarise_group(self, specs, runs: dict[str, list[Run]], label: str) -> list[dict]:

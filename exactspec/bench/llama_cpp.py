@@ -46,14 +46,24 @@ def llama_cpp_engines(formats: tuple[str, ...] = FORMATS) -> list[EngineSpec]:
 
 
 def supports(model) -> bool:
-    """Whether the llama.cpp rows can run for this target: llama-cpp-python installed, a
-    model the GGUF export writes (models/gguf_export.ARCHS: Llama, Mistral, Qwen 2 / 3,
-    Gemma 3), on the CPU."""
-    from exactspec.drafters.gguf_draft import llama_cpp_available
+    """Whether the llama.cpp rows can run for this target (why_not says why not)."""
+    return why_not(model) is None
+
+
+def why_not(model) -> str | None:
+    """Why the llama.cpp rows cannot run for this target, or None: llama.cpp installed and
+    passed its smoke test here (drafters/llama_cpp_check.py), a model the GGUF export writes
+    (models/gguf_export.ARCHS: Llama, Mistral, Qwen 2 / 3, Gemma 3), on the CPU."""
+    from exactspec.drafters.gguf_draft import llama_cpp_available, llama_cpp_why
     from exactspec.models.gguf_export import unsupported
 
-    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
-    return llama_cpp_available() and unsupported(model) is None and on_cpu
+    if not llama_cpp_available():
+        return llama_cpp_why()
+    if (why := unsupported(model)) is not None:
+        return why
+    if not all(p.device.type == "cpu" for p in model.parameters()):
+        return "the llama.cpp rows run on the CPU only"
+    return None
 
 
 def gguf_for(model, qtype: str) -> Path:
@@ -87,14 +97,14 @@ class LlamaCppPlain:
     """Plain decoding of one GGUF by llama.cpp (see the module docstring); rows of a batch run
     one after another."""
 
-    def __init__(self, model, qtype: str, eos_token_ids: list[int], *,
+    def __init__(self, path: str | os.PathLike[str], qtype: str, eos_token_ids: list[int], *,
                  threads: int | None = None) -> None:
         from exactspec.drafters.gguf_draft import _lib, _load_model
 
         if qtype not in FORMATS:
             raise InvalidValue(f"qtype={qtype!r} must be one of {list(FORMATS)}")
         self.qtype = qtype  # the GGUF type
-        self.path = gguf_for(model, qtype)  # the GGUF file llama.cpp runs
+        self.path = Path(path)  # the GGUF file llama.cpp runs (gguf_for)
         self.weight_bytes = gguf_weight_bytes(self.path)  # read per one-token step
         self.eos = set(eos_token_ids)  # a run stops after emitting one of these
         self.threads = threads  # llama.cpp threads, None = torch's at each run
@@ -104,6 +114,12 @@ class LlamaCppPlain:
         self.vocab_size = int(self._lib.llama_vocab_n_tokens(vocab))  # logits width
         self._ctx = None  # the llama.cpp context, reused while it is large enough
         self._ctx_key: tuple[int, int] = (0, 0)  # (its tokens, its threads)
+
+    @classmethod
+    def for_model(cls, model, qtype: str, eos_token_ids: list[int], *,
+                  threads: int | None = None) -> LlamaCppPlain:
+        """The engine of `model`'s current weights in `qtype` (exported once, gguf_for)."""
+        return cls(gguf_for(model, qtype), qtype, eos_token_ids, threads=threads)
 
     def __del__(self) -> None:
         ctx, self._ctx = getattr(self, "_ctx", None), None

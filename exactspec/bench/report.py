@@ -101,6 +101,11 @@ def format_report(result: dict, *, markdown: bool = False) -> str:
         parts.append(format_summary(result, mode, markdown=markdown))
     parts.append("every engine, mode and workload:")
     parts.append(format_table(result["results"], markdown=markdown))
+    for name, why in (result.get("crashed") or {}).items():  # the rows a crash lost
+        parts.append(f"{name}: CRASHED ({why.removeprefix(name + ': ')}); its rows are left "
+                     "out, every other row is whole")
+    for name, why in (result.get("left_out") or {}).items():
+        parts.append(f"{name}: not run here: {why}")
     if result.get("sweep"):
         parts.append(f"speedup against K (greedy, {result['config']['sweep_workload']}):")
         parts.append(format_table(result["sweep"], markdown=markdown))

@@ -38,7 +38,7 @@ def target():
 def _errors(target, qtype: str) -> tuple[float, float]:
     """(llama.cpp's, transformers float32's) largest |logit - float64 reference| on a sequence."""
     ids = [3, 17, 9, 30, 5, 5, 22, 41, 8, 13, 2, 27]
-    got = LlamaCppPlain(target.model, qtype, []).logits(ids).double()  # [T, V]
+    got = LlamaCppPlain.for_model(target.model, qtype, []).logits(ids).double()  # [T, V]
     model = target.model
     with torch.no_grad():
         f32 = model(torch.tensor([ids])).logits[0].double()
