@@ -25,11 +25,16 @@ _SERVER_MODULES = ("llama_cpp", "sse_starlette", "starlette_context", "pydantic_
 
 
 def llama_server_missing() -> str | None:
-    """None when the llama-cpp-python server can run here, else what is missing."""
+    """None when the llama-cpp-python server can run here, else what is missing or why its
+    build is not used (it failed the smoke test on this machine)."""
     missing = [m for m in _SERVER_MODULES if importlib.util.find_spec(m) is None]
     if missing:
         return (f"llama-cpp-python's server needs {', '.join(missing)} (make llama-cpp; pip "
                 "install 'exactspec[llama-server]')")
+    from exactspec.drafters.gguf_draft import llama_cpp_available, llama_cpp_why
+
+    if not llama_cpp_available():  # its build crashed the smoke test here (llama_cpp_check)
+        return llama_cpp_why()
     return None
 
 
