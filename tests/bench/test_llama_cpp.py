@@ -9,7 +9,12 @@ import torch
 from exactspec.audit.stats import chi_square
 from exactspec.bench import MODES, EngineSpec
 from exactspec.bench.engines import Engines
-from exactspec.bench.llama_cpp import LlamaCppPlain, gguf_weight_bytes, llama_cpp_engines
+from exactspec.bench.llama_cpp import (
+    LlamaCppPlain,
+    gguf_for,
+    gguf_weight_bytes,
+    llama_cpp_engines,
+)
 from exactspec.drafters.gguf_draft import llama_cpp_available, llama_cpp_why
 from exactspec.engine import generate
 from exactspec.models import gguf_export
@@ -148,8 +153,8 @@ def test_bandwidth_column_is_bytes_over_time_over_bandwidth(target):
         else:
             step = last.target_seconds / last.forwards
             assert last.forwards == last.steps > 0
-        want_bytes = (bench.runner.llama(spec).weight_bytes if spec.family == "llama.cpp"
-                      else r["weight_bytes"])
+        want_bytes = (gguf_weight_bytes(gguf_for(bench.target.model, spec.weights))
+                      if spec.family == "llama.cpp" else r["weight_bytes"])
         assert r["weight_bytes"] == want_bytes
         assert r["step_ms"] == pytest.approx(1e3 * step, rel=1e-12)
         assert r["bandwidth"] == pytest.approx(want_bytes / step / read, rel=1e-12)
