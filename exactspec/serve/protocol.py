@@ -168,11 +168,17 @@ def prompt_byte_limit(model: Model, factor: int = 2) -> int | None:
     covers more bytes than that, so a longer text has more tokens than the context holds and
     is refused before tokenizing it; `factor` leaves room for normalizers that shorten text.
     None without a tokenizer (prompts are token ids, bounded by the body size)."""
-    if model.tokenizer is None:
+    tok = model.tokenizer
+    if tok is None:
         return None
-    longest = max((len(t.encode("utf-8", "replace")) for t in model.tokenizer.get_vocab()),
-                  default=1)
-    return factor * max(longest, 1) * model.max_context
+    vocab = tok.get_vocab()
+    # a vocabulary string's own length only bounds what it covers from above (byte-level
+    # BPE spells a byte as one or two characters); the longest ones decode to what they cover
+    longest = sorted(vocab, key=lambda t: len(t.encode("utf-8", "replace")))[-64:]
+    covered = max((len(tok.convert_tokens_to_string([t]).encode("utf-8", "replace"))
+                   for t in longest), default=1)
+    shorter = len(longest[0].encode("utf-8", "replace")) if len(vocab) > len(longest) else 0
+    return factor * max(covered, shorter, 1) * model.max_context
 
 
 def _utf8_size(text: str, where: str) -> int:
