@@ -54,7 +54,7 @@ def token_logprobs(model, sequences, prompt_lengths,
     for i, (r, p) in enumerate(zip(rows, plen, strict=True)):
         if not 1 <= p <= len(r):
             raise InvalidValue(f"prompt_lengths[{i}]={p} must be in 1..{len(r)} (the length of "
-                               "sequence {i})")
+                               f"sequence {i})")
     laws = [params] * len(rows) if isinstance(params, SamplingParams) else list(params)
     if len(laws) != len(rows) or not all(isinstance(p, SamplingParams) for p in laws):
         raise InvalidType("params must be one SamplingParams or one per sequence")

@@ -153,6 +153,9 @@ def test_tensor_input_and_errors(target):
         es.token_logprobs(target, seqs, [1, 2], T1)
     with pytest.raises(ValueError, match=r"prompt_lengths\[0\]=0"):
         es.token_logprobs(target, seqs, [0, 1, 1], T1)
+    with pytest.raises(ValueError, match=r"prompt_lengths\[1\]=\d+ must be in 1\.\.\d+ \(the "
+                                         r"length of sequence 1\)"):
+        es.token_logprobs(target, seqs, [1, len(seqs[1]) + 1, 1], T1)
     with pytest.raises(TypeError, match="SamplingParams"):
         es.token_logprobs(target, seqs, plen, [T1])
 
