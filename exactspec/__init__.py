@@ -8,7 +8,7 @@ to `_LAZY`: public name -> the module that defines it. Subpackages (`es.sampling
 `es.drafters`, `es.audit`, ...) are imported on first use the same way.
 
 What lives where, the lowest layer first (sampling/ imports nothing from the rest; the
-layers are in DESIGN.md; docs/ has a page per topic):
+layers are in docs/architecture.md; docs/ has a page per topic):
 sampling/      pure batched math: SamplingParams, p and q from logits, the verify rules
 kernels/       our batch-invariant C++ CPU operators (built at set-up)
 models/        loading, the cache, the target adapter and lean forward, tree attention

@@ -1,5 +1,5 @@
 """The package's import graph: no circle between two files (module level or inside a
-function), and every import points down the layers of DESIGN.md. Read from the source (AST),
+function), and every import points down the layers of docs/architecture.md. Read from the source (AST),
 nothing is imported."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import exactspec
 
 ROOT = Path(exactspec.__file__).parent
 
-# DESIGN.md's layers, lowest first; a folder may import its own rank or lower ones
+# docs/architecture.md's layers, lowest first; a folder may import its own rank or lower ones
 RANK = {"errors": 0, "sampling": 1, "kernels": 2, "models": 3, "invariant": 4, "drafters": 4,
         "engine": 5, "audit": 6, "training": 6, "integrations": 6, "bench": 7, "serve": 8,
         "batch": 8, "cli": 9}

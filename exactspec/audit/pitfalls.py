@@ -9,7 +9,7 @@ lossless; the audit shows the exact TV distance is positive and the chi-square t
 3. temperature mismatch (seed 000, Q4 and section 10): the drafter samples at its own temperature
    T_q = 1.0 while verify is told q standardized with the target's T_p = 0.7, so the ratio
    p / q is taken against a distribution the draft never came from.
-4. unfiltered q (the Hugging Face bug, DESIGN.md): drafts come from top-k filtered probabilities
+4. unfiltered q (the Hugging Face bug, docs/architecture.md): drafts come from top-k filtered probabilities
    but verify is told the softmax of the raw draft logits.
 5. shared uniforms: draft x_i = inverse-CDF(q_i, u_i) and accept iff u_i < p_i(x_i) / q_i(x_i)
    with the same u_i, so acceptance is correlated with which token was drafted.
