@@ -162,7 +162,7 @@ def run(args) -> int:
 
     from exactspec.models import load
     from exactspec.serve import EngineConfig, ServerConfig, build_drafter, serve
-    from exactspec.serve.main import EngineSpec, serve_engine_process
+    from exactspec.serve.main import EngineSpec
 
     for flag in ("request_timeout", "read_timeout", "keep_alive_timeout"):
         if not getattr(args, flag) > 0:
@@ -183,20 +183,20 @@ def run(args) -> int:
         engine=EngineConfig(max_batch=args.max_batch, max_queue=args.max_queue,
                             num_draft_tokens=value_or(args, "num_draft_tokens", "auto")
                             if has_drafter else 0, verify=verify))
-    if args.engine_in_process:
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        model = load(args.model)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.engine_in_process or (has_drafter and args.verify is not None):
+        model = load(args.model)  # the engine here; or only to refuse a tree's method now
         drafter, name = build_drafter(drafter_choice(args), model)
         check_tree_method(drafter, verify)
-        serve(model, drafter, replace(config, drafter_name=name), host=args.host,
-              port=args.port)
-        return 0
-    spec = EngineSpec(model=args.model, drafter=drafter_choice(args), config=config,
-                      threads=args.threads)
-    try:  # the model loads in the engine process, restarted if it dies
-        serve_engine_process(spec, host=args.host, port=args.port,
-                             max_restarts=args.engine_restarts)
+        config = replace(config, drafter_name=name)
+        if not args.engine_in_process:
+            del model, drafter  # the engine process loads its own
+    spec = None if args.engine_in_process else EngineSpec(
+        model=args.model, drafter=drafter_choice(args), config=config, threads=args.threads)
+    try:  # with a spec, the model loads in the engine process, restarted if it dies
+        serve(None if spec else model, None if spec else drafter, config, host=args.host,
+              port=args.port, engine_process=spec, max_restarts=args.engine_restarts)
     except RuntimeError as exc:
         raise UsageError(str(exc)) from None
     return 0

@@ -96,13 +96,21 @@ def build_server(spec: EngineSpec) -> tuple[Model, Drafter | None, ServerConfig]
     return model, drafter, config
 
 
-def serve(model: Model, drafter: Drafter | None, config: ServerConfig, *, host: str = "127.0.0.1",
-          port: int = 8000) -> None:
+def serve(model: Model | None, drafter: Drafter | None, config: ServerConfig, *,
+          host: str = "127.0.0.1", port: int = 8000, engine_process: EngineSpec | None = None,
+          max_restarts: int = 5) -> None:
     """Serve until SIGTERM / SIGINT, then drain the open requests and return.
 
+    With `engine_process`, `model` and `drafter` are unused: the engine is built from that
+    spec in a child process and restarted if it dies (`serve_engine_process`).
     uvicorn re-raises the signal it caught once it has drained; SIGTERM then ends the
     process with exit status 0 (a requested stop, not a crash).
     """
+    if engine_process is not None:
+        serve_engine_process(replace(engine_process, config=config), host=host, port=port,
+                             max_restarts=max_restarts)
+        return
+    assert model is not None, "serve needs a model or an engine_process spec"
     app = create_app(model, drafter, config)
     signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.Server(uvicorn_config(app, config, host=host, port=port, log_level="info",
