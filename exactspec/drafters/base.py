@@ -88,8 +88,9 @@ class DraftContext:
     hidden: torch.Tensor | None = None
     row_params: tuple[SamplingParams, ...] | None = None  # [B] each row's; None: all `params`
     # coupled verification: draft position j draws with the uniform of the row's output
-    # position lengths - prompt_lengths + j (`draw`), the one the target draws there with
-    coupled: bool = False
+    # position lengths - prompt_lengths + j (`draw`), the one the target draws there with;
+    # a [B] bool tensor: only the rows marked (the others draw from their step streams)
+    coupled: bool | torch.Tensor = False
 
     def rows_params(self) -> tuple[SamplingParams, ...]:
         """One SamplingParams per row."""
@@ -125,12 +126,17 @@ class DraftContext:
         the uniform is DOMAIN_DRAFT + j of the step's streams, or, when `coupled`, the one of
         the output position (RowStreams.at_positions), which the target's draw there uses.
         greedy: every q is a one-hot (`greedy`), its hot index is drawn without a CDF."""
-        if not self.coupled:
+        mask = self.coupled
+        if mask is False:
             return sample(q, self.streams, domain=DOMAIN_DRAFT + j, greedy=greedy)
         if greedy:
             return q.argmax(-1)
         u = position_uniforms(self.streams, self.output_positions(j, 1))[:, 0]  # [B]
-        return sample_from_weights(q, u.to(q.device))
+        drawn = sample_from_weights(q, u.to(q.device))  # [B]
+        if mask is True:
+            return drawn
+        own = sample(q, self.streams, domain=DOMAIN_DRAFT + j)  # [B] the other rows' draws
+        return torch.where(mask.to(drawn.device), drawn, own)
 
     def standardize(self, logits: torch.Tensor,  # [B, V]
                     drafted: torch.Tensor | None = None,  # [B, J] drafts before this position
@@ -248,7 +254,8 @@ def rows_of(context: DraftContext, start: int | torch.Tensor) -> DraftContext:
     return DraftContext(context.tokens[sel], context.lengths[sel], context.prompt_lengths[sel],
                         context.params, streams,
                         None if context.hidden is None else context.hidden[sel], params,
-                        context.coupled)
+                        context.coupled if isinstance(context.coupled, bool)
+                        else context.coupled[sel])
 
 
 def history(context: DraftContext, extra: torch.Tensor | None = None) -> torch.Tensor:

@@ -63,6 +63,11 @@ class Row:
     output: RowOutput = field(default_factory=RowOutput)  # tokens so far, stats
     started: float = 0.0  # seconds from the decoder's start to the row's admission
     top_logprobs: int = 0  # also keep the k most likely tokens of p at each emitted position
+    # verify this row with coupled verification whatever the decoder's method (the server's
+    # seeded requests): its text is plain decoding's for its seed, at any K (sampling/coupled.py)
+    coupled: bool = False
+    logprobs_mode: str | None = None  # "raw" | "processed": this row's law of logprobs; None:
+    # the decoder's (DecodeConfig.logprobs_mode)
 
 
 class BatchState:
@@ -120,7 +125,14 @@ class BatchState:
         shared = groups[0][0] if len(groups) == 1 and groups[0][1] is None else None
         return DraftContext(self.tokens, self.lengths, self.prompt_lengths, shared, self.streams,
                             self.hidden, None if shared is not None else tuple(self.params),
-                            self.coupled)
+                            self.coupled or self.coupled_rows())
+
+    def coupled_rows(self) -> torch.Tensor | bool:
+        """[B] bool: the rows verified coupled by their own choice (`Row.coupled`); False when
+        none is (or the whole decoder is coupled: `self.coupled`)."""
+        if self.coupled or not any(r.coupled for r in self.rows):
+            return False
+        return torch.tensor([r.coupled for r in self.rows], device=self.target.device)
 
     def admit(self, rows: list[Row]) -> None:
         """Prefill `rows` and append them after the current ones (between steps). Each row's

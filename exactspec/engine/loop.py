@@ -205,11 +205,16 @@ class Decoder:
 
     def make_row(self, id: int, prompt: list[int], params: SamplingParams,
                  stream_seed: int, *, max_new_tokens: int | None = None,
-                 stop: list[str] | None = None, top_logprobs: int = 0) -> Row:
-        """A row with this decoder's stop rule, or its own budget / stop strings."""
+                 stop: list[str] | None = None, top_logprobs: int = 0,
+                 coupled: bool = False, logprobs_mode: str | None = None) -> Row:
+        """A row with this decoder's stop rule, or its own budget / stop strings; `coupled`:
+        verified coupled whatever the decoder's method (Row.coupled; chains only: a tree
+        drafter's step verifies every row with its tree rule); `logprobs_mode`: this row's
+        law of logprobs ("raw" | "processed"; None: the decoder's)."""
         cfg = self.cfg
         rule = StopRule(eos_token_ids=cfg.eos_token_ids,
                         stop=cfg.stop if stop is None else list(stop), tokenizer=cfg.tokenizer,
                         max_new_tokens=cfg.max_new_tokens if max_new_tokens is None
                         else max_new_tokens)
-        return Row(id, list(prompt), params, stream_seed, rule, top_logprobs=top_logprobs)
+        return Row(id, list(prompt), params, stream_seed, rule, top_logprobs=top_logprobs,
+                   coupled=coupled, logprobs_mode=logprobs_mode)

@@ -29,6 +29,7 @@ from exactspec.sampling.history import history, prefix_history
 from exactspec.sampling.logprobs import raw_log_probs, token_log_probs
 from exactspec.sampling.standardize import probs_from_logits_rows
 
+COUPLED = parse_method("coupled")  # the rule of rows marked Row.coupled
 # rule(target_probs [B, K+1, V], drafts [B, K], q [B, K, V] | None, streams) -> Verdict
 VerifyRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, RowStreams], Verdict]
 
@@ -161,6 +162,12 @@ def decode_step(batch: BatchState, rules: StepRules, clock: Clock) -> list[tuple
         verdict = rules.greedy_verify(p, drafts, q, batch.streams)
     else:
         verdict = rules.verify(p, drafts, q, batch.streams)
+    own = batch.coupled_rows()  # [B] rows verified coupled by their own choice, or False
+    if own is not False:
+        positions = batch.context().output_positions(0, k + 1)  # [B, K+1]
+        mine = COUPLED.verdict(p, drafts, batch.streams, positions, greedy=batch.greedy)
+        verdict = Verdict(tokens=torch.where(own[:, None], mine.tokens, verdict.tokens),
+                          num_accepted=torch.where(own, mine.num_accepted, verdict.num_accepted))
     batch.streams.advance()
     n = verdict.num_accepted.to(dev)  # [B]
     verify_s = clock.lap()
@@ -187,24 +194,25 @@ def finish_step(batch: BatchState, rules: StepRules, clock: Clock,
     draft_s, target_s, verify_s = seconds
     batch.policy.observe(num_real, n)
     batch.policy.observe_costs(draft_s, width - 1, target_s, width, len(batch))
-    logprobs = None
     num_top = max((r.top_logprobs for r in batch.rows), default=0)
-    raw = rules.logprobs_mode == "raw"
-    if raw and (rules.return_logprobs or num_top):
+    modes = {r.logprobs_mode or rules.logprobs_mode for r in batch.rows}  # a row may choose
+    reports = {}  # mode -> (logprobs [B][K+1] | None, tops), for the modes some row reports
+    if "raw" in modes and (rules.return_logprobs or num_top):
         assert logits is not None, "raw logprobs need the step's logits"
         log_raw = raw_log_probs(logits)  # [B, K+1, V] the model's own law
-        if rules.return_logprobs:
-            logprobs = log_raw.gather(-1, emitted.clamp(min=0)[..., None])[..., 0].tolist()
-        tops = top_tokens(log_raw, num_top, log=False)
-    else:
-        if rules.return_logprobs:
-            logprobs = token_log_probs(p, emitted).tolist()  # [B][K+1], es.token_logprobs's
-        tops = top_tokens(p, num_top)
+        reports["raw"] = (log_raw.gather(-1, emitted.clamp(min=0)[..., None])[..., 0].tolist()
+                          if rules.return_logprobs else None, top_tokens(log_raw, num_top,
+                                                                         log=False))
+    if "processed" in modes or not reports:  # es.token_logprobs's [B][K+1]
+        reports["processed"] = (token_log_probs(p, emitted).tolist() if rules.return_logprobs
+                                else None, top_tokens(p, num_top))
     gained = []
     now = time.perf_counter() - clock.start
     for j, (row, new, drafted, accepted) in enumerate(zip(
             batch.rows, emitted.tolist(), num_real.tolist(), n.tolist(), strict=True)):
         out = row.output
+        raw = (row.logprobs_mode or rules.logprobs_mode) == "raw" and "raw" in reports
+        logprobs, tops = reports["raw" if raw else "processed"]
         c, reason = row.stop.keep(out.tokens, new[: accepted + 1])
         out.tokens += new[:c]
         if logprobs is not None:

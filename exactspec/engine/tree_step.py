@@ -76,7 +76,8 @@ def tree_step(batch: BatchState, rules: StepRules, clock: Clock, room: torch.Ten
     f_path = None if feats is None else feats.gather(
         1, idx[..., None].expand(-1, -1, feats.shape[-1]))  # [B, D+1, F]
     nodes = tree.shape.valid.sum(1)  # [B] drafted nodes
-    logits_path = None if rules.logprobs_mode != "raw" else logits.gather(
+    raw = rules.logprobs_mode == "raw" or any(r.logprobs_mode == "raw" for r in batch.rows)
+    logits_path = None if not raw else logits.gather(
         1, idx[..., None].expand(-1, -1, logits.shape[-1]))  # [B, D+1, V] raw logprobs only
     return finish_step(batch, rules, clock, p_path, verdict.tokens[:, :width].to(dev), n, nodes,
                        f_path, (draft_s, target_s, verify_s), tree.num_nodes + 1, logits_path)
