@@ -13,10 +13,13 @@ mask built here, so transformers never has to infer positions from the cache.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from transformers import PreTrainedModel
 
 from exactspec.errors import InvalidValue
+from exactspec.kernels.threads import GOVERNOR
 from exactspec.models.architectures import attention_layout
 from exactspec.models.cache import SlotCache
 from exactspec.models.lean import LeanLlama, lean_forward_for
@@ -24,6 +27,15 @@ from exactspec.models.lean import LeanLlama, lean_forward_for
 _SUPPORTED_ATTENTION = ("eager", "sdpa")
 
 __all__ = ["LeanLlama", "SlotCache", "TargetAdapter", "lean_forward_for", "unwrap_model"]
+
+
+def governed(lean: LeanLlama, rows: int, width: int):
+    """The context a lean forward runs in: on our kernels, at the thread count the forwards of
+    its kind measure fastest (kernels/threads.py: the bits do not depend on it); on torch's
+    operators, at torch's count (theirs may)."""
+    if not lean.kernels:
+        return contextlib.nullcontext()
+    return GOVERNOR.run((("lean", id(lean)), rows, width))
 
 
 def unwrap_model(model) -> PreTrainedModel:
@@ -174,8 +186,9 @@ class TargetAdapter:
                 if self.lean.sliding:  # slot == position: one mask per layer kind
                     held = slots[None, :].expand(b, view_len)  # [B, S]
                     mask = self.layout.visibility(visible, positions, held)
-            out = self.lean.forward(tokens, positions, self.cache, mask, logits_to_keep,
-                                    hidden_layers, one_row_copy=self.one_row_copy)
+            with governed(self.lean, b, t):
+                out = self.lean.forward(tokens, positions, self.cache, mask, logits_to_keep,
+                                        hidden_layers, one_row_copy=self.one_row_copy)
             self._last_width = t
             return out
         out = self.model(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from exactspec.models.adapter import TargetAdapter
+from exactspec.models.adapter import TargetAdapter, governed
 from exactspec.sampling.tree import DraftTree, TreeShape
 
 
@@ -72,7 +72,8 @@ def extend_at(adapter: TargetAdapter, tokens: torch.Tensor, positions: torch.Ten
     if ad.lean is not None:
         mask = (ad.layout.visibility(visible, positions, held) if ad.lean.sliding
                 else visible[:, None])  # [B, 1, T, S] bool, or one per layer kind
-        return ad.lean.forward(tokens, positions, cache, mask, 0, hidden_layers)
+        with governed(ad.lean, *tokens.shape):
+            return ad.lean.forward(tokens, positions, cache, mask, 0, hidden_layers)
     mask = ad.layout.mask(visible, positions, held, ad.dtype)
     out = ad.model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache,
                    use_cache=True, output_hidden_states=hidden_layers is not None)

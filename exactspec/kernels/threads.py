@@ -1,0 +1,123 @@
+"""The thread count of each forward on our kernels, chosen from what the forwards measure.
+
+On a busy machine (another process on one of two cores, a laptop, a container with a CPU
+quota) every parallel region waits for its slowest thread, and a thread without a core makes
+each of a step's ~120 regions wait for its next time slice: 2 threads ran 9-13x slower than 1
+with one of two cores taken. Our kernels give the same bits at any thread count (every output
+is reduced in one fixed order, whoever computes it), so the count can change from one forward
+to the next without changing any output. `Governor` does that: per kind of forward (which
+forward, rows and width, rounded up to powers of two) it keeps the measured seconds of each
+candidate count (torch's thread count, and fewer), runs the cheapest, and measures the others
+again now and then: after 8 forwards at first, twice as long each time that confirms the
+choice (up to 256), 8 again after it changed it. So a busy core is given up within a few
+forwards and taken back within ~256 when it frees, at a cost of one forward at the other count
+per 256 on an idle machine.
+
+Only forwards on our kernels are governed (`TargetAdapter` asks): torch's own operators may
+give other bits at another thread count. The count is set for the forward and restored after
+it, so everything else (standardizing, sampling) runs at the user's count.
+`EXACTSPEC_ADAPTIVE_THREADS=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+ENV = "EXACTSPEC_ADAPTIVE_THREADS"  # "0": every forward at torch's thread count
+FIRST_WAIT, MAX_WAIT = 8, 256  # forwards between re-measures of the counts not in use
+SMOOTH = 0.3  # weight of a new measurement of the count in use (the others: replaced)
+
+
+def candidates(most: int) -> list[int]:
+    """The counts tried under a user's `most` threads: `most`, then halvings down to 1."""
+    out, n = [], most
+    while n >= 1:
+        out.append(n)
+        n //= 2
+    return out if out[-1] == 1 else [*out, 1]
+
+
+def _bucket(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@dataclass
+class _Kind:
+    """What one kind of forward measured."""
+
+    cost: dict[int, float] = field(default_factory=dict)  # threads -> seconds (smoothed)
+    age: dict[int, int] = field(default_factory=dict)  # threads -> forwards since measured
+    wait: int = FIRST_WAIT  # forwards before the counts not in use are measured again
+    best: int | None = None  # the count in use
+
+
+class Governor:
+    """Chooses each governed forward's thread count (module docstring)."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.kinds: dict[tuple, _Kind] = {}
+        self._lock = threading.Lock()
+
+    def choose(self, key: tuple, most: int) -> int:
+        """The count to run a forward of kind `key` with, under `most` threads."""
+        with self._lock:
+            kind = self.kinds.setdefault(key, _Kind())
+            counts = candidates(most)
+            for n in counts:  # every count measured once, the user's first
+                if n not in kind.cost:
+                    return n
+            best = kind.best if kind.best in counts else min(counts, key=kind.cost.__getitem__)
+            stale = [n for n in counts if n != best and kind.age.get(n, 0) >= kind.wait]
+            return stale[0] if stale else best
+
+    def record(self, key: tuple, most: int, threads: int, seconds: float) -> None:
+        """A forward of kind `key` took `seconds` at `threads`."""
+        with self._lock:
+            kind = self.kinds.setdefault(key, _Kind())
+            before = kind.best
+            measured = all(n in kind.cost for n in candidates(most))  # not a first measure
+            if threads == kind.best and threads in kind.cost:
+                kind.cost[threads] += SMOOTH * (seconds - kind.cost[threads])
+            else:
+                kind.cost[threads] = seconds
+            for n in kind.age:
+                kind.age[n] += 1
+            kind.age[threads] = 0
+            counts = [n for n in candidates(most) if n in kind.cost]
+            kind.best = min(counts, key=kind.cost.__getitem__)
+            if measured and kind.best != before:  # the choice changed: watch closely again
+                kind.wait = FIRST_WAIT
+            elif measured and threads != before:  # a re-measure confirmed it: wait longer
+                kind.wait = min(2 * kind.wait, MAX_WAIT)
+
+    @contextlib.contextmanager
+    def run(self, key: tuple) -> Iterator[int]:
+        """Run the body (one forward on our kernels) at the chosen count, timed, then give
+        torch its count back. Yields the count."""
+        most = torch.get_num_threads()
+        if most <= 1 or os.environ.get(ENV, "1") == "0":
+            yield most
+            return
+        key = tuple(_bucket(k) if isinstance(k, int) else k for k in key)
+        n = self.choose(key, most)
+        if n != most:
+            torch.set_num_threads(n)
+        start = self.clock()
+        try:
+            yield n
+        finally:
+            seconds = self.clock() - start
+            if n != most:
+                torch.set_num_threads(most)
+        self.record(key, most, n, seconds)
+
+
+GOVERNOR = Governor()  # the process's: one machine, one set of measurements
