@@ -53,6 +53,7 @@ _LAZY: dict[str, str] = {
     "Model": "exactspec.models",
     "as_model": "exactspec.models",
     "load": "exactspec.models",
+    "Grammar": "exactspec.sampling.grammar",
     "SamplingParams": "exactspec.sampling",
     "Verdict": "exactspec.sampling",
     "probs_from_logits": "exactspec.sampling",

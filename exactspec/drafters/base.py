@@ -43,7 +43,10 @@ point masses); a subclass must declare it again, since it may change how q is ma
 
 Rows may carry different SamplingParams (`DraftContext.row_params`); `context.params` is the
 shared one only when every row has the same law. Standardize q with `context.standardize`, which
-applies each row's own parameters and history exactly as the engine does for p.
+applies each row's own parameters and history exactly as the engine does for p, and a row's
+grammar (`DraftContext.grammar`): q then gives no mass to a token the grammar forbids, so such a
+token is never drawn. A point-mass draft the grammar forbids is cut by the engine (exact: it
+would be rejected with certainty and its residual is p).
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ from exactspec.sampling.history import history as token_history
 from exactspec.sampling.history import prefix_history
 from exactspec.sampling.standardize import probs_from_logits_rows
 
-__all__ = ["AdmitsRows", "DraftContext", "Drafter", "TargetInfo", "TreeDrafter", "TreeSpec",
+__all__ = ["AdmitsRows", "DraftContext", "Drafter", "TargetInfo", "TokenMasks", "TreeDrafter",
+           "TreeSpec",
            "admit_rows", "empty_proposal", "history", "prefix_history", "rows_of", "trusts_q"]
 
 
@@ -91,6 +95,9 @@ class DraftContext:
     # position lengths - prompt_lengths + j (`draw`), the one the target draws there with;
     # a [B] bool tensor: only the rows marked (the others draw from their step streams)
     coupled: bool | torch.Tensor = False
+    # the rows' grammars (exactspec.engine.grammar.GrammarRows), or None: `standardize` then
+    # restricts q to the tokens each row's grammar allows after the drafts so far, as p is
+    grammar: TokenMasks | None = None
 
     def rows_params(self) -> tuple[SamplingParams, ...]:
         """One SamplingParams per row."""
@@ -144,8 +151,21 @@ class DraftContext:
         """q at the position after `drafted`: each row's own params, the target's history."""
         dev = logits.device
         prev = history(self, drafted).to(dev) if self.uses_history else None
+        allowed = None if self.grammar is None else self.grammar.allowed(drafted).to(dev)
         return probs_from_logits_rows(logits, self.rows_params(), prev,
-                                      self.prompt_lengths.to(dev))
+                                      self.prompt_lengths.to(dev), allowed=allowed)
+
+
+@runtime_checkable
+class TokenMasks(Protocol):
+    """The tokens each row may take next: a grammar's mask (exactspec.engine.grammar)."""
+
+    def allowed(self, drafted: torch.Tensor | None  # [B, J] long drafts so far, -1 padded
+                ) -> torch.Tensor:  # [B, V] bool
+        """Each row's allowed tokens after its drafts (all True for a row without one)."""
+
+    def subset(self, rows: torch.Tensor) -> TokenMasks:
+        """The same masks for the rows at these indices ([R] long)."""
 
 
 @dataclass(frozen=True)
@@ -255,7 +275,8 @@ def rows_of(context: DraftContext, start: int | torch.Tensor) -> DraftContext:
                         context.params, streams,
                         None if context.hidden is None else context.hidden[sel], params,
                         context.coupled if isinstance(context.coupled, bool)
-                        else context.coupled[sel])
+                        else context.coupled[sel],
+                        None if context.grammar is None else context.grammar.subset(sel))
 
 
 def history(context: DraftContext, extra: torch.Tensor | None = None) -> torch.Tensor:

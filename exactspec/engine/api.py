@@ -21,6 +21,7 @@ from exactspec.engine.arguments import (
     check_stop,
     check_verify,
     encode_prompts,
+    row_grammars,
     row_params,
 )
 from exactspec.engine.loop import DecodeConfig, Decoder, RowOutput, VerifyFn
@@ -29,6 +30,7 @@ from exactspec.errors import InvalidType, InvalidValue
 from exactspec.invariant import is_batch_invariant, warn_if_uncovered
 from exactspec.models.loading import Model, as_target
 from exactspec.sampling import RowStreams, SamplingParams, is_lossless
+from exactspec.sampling.grammar import Grammar
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,7 @@ def generate(
     batch_size: int = DEFAULT_BATCH_SIZE,
     logprobs_mode: str = "processed",
     top_logprobs: int = 0,
+    grammar: Grammar | Sequence[Grammar | None] | None = None,
 ) -> list[Generation]:
     """Generate a continuation of every prompt, distributed exactly as the target alone would.
 
@@ -73,10 +76,14 @@ def generate(
     law above, what RL needs) or "raw" (the model's own log_softmax of its raw logits, before
     temperature, top-k/p and penalties; real values at temperature 0). top_logprobs: N > 0
     fills Generation.top_logprobs with each position's N most likely (token, log p) under the
-    same law (raw: always N entries; processed: those with p > 0).
+    same law (raw: always N entries; processed: those with p > 0). grammar: an
+    `es.Grammar` (json_schema, json_object, regex, lark, choice) for every row, or a list with
+    one per prompt (None: unconstrained); each row's output is then exactly the target's law
+    restricted to its grammar (its mask is one more standardizing transform, for p and q), and
+    ends with EOS where the grammar is complete (docs/generate.md).
     """
     job = _Job(target, prompts, drafter, params, max_new_tokens, num_draft_tokens, verify,
-               stop, return_logprobs, batch_size, logprobs_mode, top_logprobs)
+               stop, return_logprobs, batch_size, logprobs_mode, top_logprobs, grammar)
     for _ in job.events():
         pass
     return job.results
@@ -106,13 +113,14 @@ def stream(
 
 def _job_kwargs(kwargs: dict) -> dict:
     allowed = ("drafter", "params", "max_new_tokens", "num_draft_tokens", "verify", "stop",
-               "return_logprobs", "batch_size", "logprobs_mode", "top_logprobs")
+               "return_logprobs", "batch_size", "logprobs_mode", "top_logprobs", "grammar")
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise InvalidType(f"stream() got unexpected keyword arguments {unknown}")
     defaults = dict(drafter=None, params=None, max_new_tokens=128, num_draft_tokens=4,
                     verify="token", stop=None, return_logprobs=False,
-                    batch_size=DEFAULT_BATCH_SIZE, logprobs_mode="processed", top_logprobs=0)
+                    batch_size=DEFAULT_BATCH_SIZE, logprobs_mode="processed", top_logprobs=0,
+                    grammar=None)
     return {**defaults, **kwargs}
 
 
@@ -158,7 +166,7 @@ class _Job:
 
     def __init__(self, target, prompts, drafter, params, max_new_tokens, num_draft_tokens,
                  verify, stop, return_logprobs, batch_size, logprobs_mode="processed",
-                 top_logprobs=0) -> None:
+                 top_logprobs=0, grammar=None) -> None:
         try:
             self.model: Model = as_target(target)
         except TypeError as e:
@@ -176,6 +184,7 @@ class _Job:
         self.top_logprobs = check_int("top_logprobs", top_logprobs, 0)
         self.prompts = encode_prompts(self.model, prompts)  # [N] token lists
         self.params, per_row = row_params(params, len(self.prompts))  # [N]
+        self.grammars = row_grammars(grammar, len(self.prompts))  # [N] Grammar | None
         verify = check_verify(verify, self.params)
         check_logit_bias(self.params, self.model.vocab_size)
         self.drafter = drafter
@@ -199,7 +208,7 @@ class _Job:
             for lo in range(0, n, self.batch_size):
                 dec = Decoder(self.model, self.drafter, self.cfg)
                 rows = [dec.make_row(i, self.prompts[i], self.params[i], self.stream_seeds[i],
-                                     top_logprobs=self.top_logprobs)
+                                     top_logprobs=self.top_logprobs, grammar=self.grammars[i])
                         for i in range(lo, min(n, lo + self.batch_size))]
                 dec.admit(rows)
                 while dec.rows:

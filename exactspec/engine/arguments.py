@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from exactspec.drafters.base import Drafter, TreeDrafter
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.sampling import SamplingParams, VerifyMethod, parse_method
+from exactspec.sampling.grammar import Grammar
 from exactspec.sampling.logprobs import LOGPROBS_MODES
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,25 @@ def row_params(params, num_rows: int) -> tuple[list[SamplingParams], bool]:
         return list(params), True
     raise InvalidType(f"params must be an exactspec.SamplingParams or a list of them (one per "
                       f"prompt), got {type(params).__name__}")
+
+
+def row_grammars(grammar, num_rows: int) -> list[Grammar | None]:
+    """One Grammar (or None) per row: one shared, or a list with one per prompt."""
+    if grammar is None or isinstance(grammar, Grammar):
+        return [grammar] * num_rows
+    if isinstance(grammar, Sequence) and not isinstance(grammar, str | bytes):
+        bad = [i for i, g in enumerate(grammar) if g is not None and not isinstance(g, Grammar)]
+        if bad:
+            raise InvalidType(f"grammar[{bad[0]}] is a {type(grammar[bad[0]]).__name__}; "
+                              "grammar must be an exactspec.Grammar (Grammar.json_schema(...), "
+                              "Grammar.regex(...), ...), None, or a list of them, one per prompt")
+        if len(grammar) != num_rows:
+            raise InvalidValue(f"grammar has {len(grammar)} entries for {num_rows} prompts; "
+                               "pass one Grammar (shared) or exactly one per prompt")
+        return list(grammar)
+    raise InvalidType(f"grammar must be an exactspec.Grammar (Grammar.json_schema(...), "
+                      f"Grammar.regex(...), ...), a list of them or None, got "
+                      f"{type(grammar).__name__}")
 
 
 def check_drafter(drafter) -> Drafter | None:

@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 import torch
 
 from exactspec.drafters.base import DraftContext, Drafter, TargetInfo, admit_rows
+from exactspec.engine.grammar import GrammarRows
 from exactspec.engine.policy import DraftLengthPolicy
 from exactspec.engine.results import GenerationStats
 from exactspec.engine.stopping import StopRule
 from exactspec.errors import InvalidValue
 from exactspec.models.adapter import TargetAdapter
 from exactspec.sampling import RowStreams, SamplingParams
+from exactspec.sampling.grammar import Grammar
 from exactspec.sampling.standardize import law_groups
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,7 @@ class Row:
     coupled: bool = False
     logprobs_mode: str | None = None  # "raw" | "processed": this row's law of logprobs; None:
     # the decoder's (DecodeConfig.logprobs_mode)
+    grammar: Grammar | None = None  # the row's output is restricted to this (engine/grammar.py)
 
 
 class BatchState:
@@ -100,6 +103,7 @@ class BatchState:
         self.faulted: set[int] | None = None  # ids of the rows in flight at a fault, pending
         self.faults = 0  # drafter faults survived so far
         self.coupled = False  # coupled verification: drafters draw with the positions' uniforms
+        self.grammar: GrammarRows | None = None  # the rows' grammar matchers, once a row has one
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -125,7 +129,9 @@ class BatchState:
         shared = groups[0][0] if len(groups) == 1 and groups[0][1] is None else None
         return DraftContext(self.tokens, self.lengths, self.prompt_lengths, shared, self.streams,
                             self.hidden, None if shared is not None else tuple(self.params),
-                            self.coupled or self.coupled_rows())
+                            self.coupled or self.coupled_rows(),
+                            self.grammar if self.grammar is not None and self.grammar.active
+                            else None)
 
     def coupled_rows(self) -> torch.Tensor | bool:
         """[B] bool: the rows verified coupled by their own choice (`Row.coupled`); False when
@@ -148,6 +154,7 @@ class BatchState:
         target, dev = self.target, self.target.device
         for r in rows:
             check_fits(len(r.prompt), r.stop.max_new_tokens, target.max_context)
+        matchers = self._matchers(rows)  # before any prefill: a grammar error leaves no trace
         need = max(len(r.prompt) + r.stop.max_new_tokens for r in rows)
         cap = max(need + self.extra_slots, self.tokens.shape[1] if self.rows else 0)
         prefill = target.admit if self.rows else target.prefill
@@ -174,6 +181,8 @@ class BatchState:
         self.streams = RowStreams(torch.cat([self.streams.seeds, seeds]),
                                   torch.cat([self.streams.steps, torch.zeros_like(seeds)]))
         self.rows += rows
+        if matchers is not None:
+            self.grammar.rows += matchers
         self._groups = None
         self.policy.admit(len(rows), [len(r.prompt) for r in rows])
         if self.faulted is None:  # while a fault is pending the drafter restarts later
@@ -184,12 +193,25 @@ class BatchState:
             if not self.policy.lagging:
                 self.policy.lag.zero_()
 
+    def _matchers(self, rows: list[Row]) -> list | None:
+        """The new rows' grammar matchers (None for a row without a grammar), or None when no
+        row ever had a grammar."""
+        if self.grammar is None:
+            if all(r.grammar is None for r in rows):
+                return None
+            eos = sorted(set().union(*(r.stop.eos for r in rows)))
+            self.grammar = GrammarRows(self.info.tokenizer, eos, self.target.vocab_size)
+            self.grammar.rows = [None] * len(self.rows)
+        return [self.grammar.matcher(r.grammar) for r in rows]
+
     def select(self, keep: list[int]) -> None:
         """Keep only the rows at batch positions `keep`, in that order, everywhere."""
         if len(keep) == len(self.rows):
             return
         sel = torch.tensor(keep, dtype=torch.long, device=self.target.device)
         self.rows = [self.rows[j] for j in keep]
+        if self.grammar is not None:
+            self.grammar.select(keep)
         self._groups = None
         self.tokens, self.lengths = self.tokens[sel], self.lengths[sel]
         self.prompt_lengths = self.prompt_lengths[sel]
@@ -241,6 +263,8 @@ class BatchState:
             self.hidden.scatter_(1, pos.clamp(max=cap - 1)[..., None]
                                  .expand(-1, -1, self.hidden.shape[2]), feats.to(self.hidden.dtype))
         self.lengths = self.lengths + counts
+        if self.grammar is not None:  # each row's matcher takes the tokens it kept
+            self.grammar.advance(emitted, counts)
 
 
 def _cat_padded(a: torch.Tensor, b: torch.Tensor, fill: float) -> torch.Tensor:

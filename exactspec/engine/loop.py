@@ -27,6 +27,7 @@ from exactspec.engine.step import (
 )
 from exactspec.engine.stopping import StopRule
 from exactspec.engine.tree_step import tree_rule
+from exactspec.errors import InvalidValue
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import Model, as_model
 from exactspec.sampling import (
@@ -37,6 +38,7 @@ from exactspec.sampling import (
     parse_method,
     sample,
 )
+from exactspec.sampling.grammar import Grammar
 
 VerifyFn = Callable[..., Verdict]
 
@@ -146,6 +148,7 @@ class Decoder:
         before anything is prefilled."""
         if not rows:
             return
+        self._check_grammars(rows)
         started = 0.0
         if self.admitted:  # a later admission: timed alone, its rows' clocks start here
             self.clock.lap()
@@ -156,6 +159,22 @@ class Decoder:
         for r in rows:
             r.started = started
             r.output.stats.prefill_seconds = prefill
+
+    def _check_grammars(self, rows: list[Row]) -> None:
+        """Refuse a grammar where its output would not be the target's law restricted to it:
+        token trees (their verification reads no grammar mask yet) and the lossy rules."""
+        with_grammar = [r for r in rows if r.grammar is not None]
+        if not with_grammar:
+            return
+        if self.rules.tree_step is not None:
+            raise InvalidValue(f"a grammar ({with_grammar[0].grammar!r}) with a token-tree "
+                               "drafter is not supported; draft chains (no tree=) or "
+                               "decode without the grammar")
+        method = None if callable(self.cfg.verify) else parse_method(self.cfg.verify)
+        if method is not None and not method.lossless:
+            raise InvalidValue(f"a grammar with the lossy verify={method.name!r} is refused: "
+                               "the output would be neither the target's law nor restricted "
+                               "exactly; use verify='token', 'block', 'coupled' or 'greedy'")
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Row, list[int]]]:
@@ -206,15 +225,18 @@ class Decoder:
     def make_row(self, id: int, prompt: list[int], params: SamplingParams,
                  stream_seed: int, *, max_new_tokens: int | None = None,
                  stop: list[str] | None = None, top_logprobs: int = 0,
-                 coupled: bool = False, logprobs_mode: str | None = None) -> Row:
+                 coupled: bool = False, logprobs_mode: str | None = None,
+                 grammar: Grammar | None = None) -> Row:
         """A row with this decoder's stop rule, or its own budget / stop strings; `coupled`:
         verified coupled whatever the decoder's method (Row.coupled; chains only: a tree
         drafter's step verifies every row with its tree rule); `logprobs_mode`: this row's
-        law of logprobs ("raw" | "processed"; None: the decoder's)."""
+        law of logprobs ("raw" | "processed"; None: the decoder's); `grammar`: the row's
+        output restricted to it (exactspec.sampling.grammar; refused with trees and lossy
+        rules when admitted)."""
         cfg = self.cfg
         rule = StopRule(eos_token_ids=cfg.eos_token_ids,
                         stop=cfg.stop if stop is None else list(stop), tokenizer=cfg.tokenizer,
                         max_new_tokens=cfg.max_new_tokens if max_new_tokens is None
                         else max_new_tokens)
         return Row(id, list(prompt), params, stream_seed, rule, top_logprobs=top_logprobs,
-                   coupled=coupled, logprobs_mode=logprobs_mode)
+                   coupled=coupled, logprobs_mode=logprobs_mode, grammar=grammar)

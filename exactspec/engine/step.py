@@ -131,6 +131,8 @@ def decode_step(batch: BatchState, rules: StepRules, clock: Clock) -> list[tuple
         proposal = NoDrafter().propose(batch.context(), want)
     drafts, q = proposal  # [B, K'], [B, K', V]
     drafts = drafts.to(dev)
+    if q is None and batch.grammar is not None and batch.grammar.active:
+        drafts = batch.grammar.forbidden_cut(drafts)  # point masses a grammar forbids: cut
     num_real = (drafts >= 0).sum(1)  # [B]
     k = int(num_real.max()) if len(batch) else 0
     drafts, q = drafts[:, :k], (q[:, :k].to(dev) if q is not None else None)
@@ -269,7 +271,11 @@ def target_probs(batch: BatchState, logits: torch.Tensor,  # [B, K+1, V]
         ends = batch.lengths[:, None] + torch.arange(k + 1, device=dev)  # [B, K+1]
         prev = prefix_history(hist, ends)  # [B, K+1, T']
     plen = batch.prompt_lengths[:, None].expand(-1, k + 1)  # [B, K+1]
-    return probs_from_logits_rows(logits, batch.params, prev, plen, groups=batch.groups)
+    allowed = None  # [B, K+1, V] bool: each row's grammar mask after each draft prefix
+    if batch.grammar is not None and batch.grammar.active:
+        allowed = batch.grammar.along(drafts).to(dev)
+    return probs_from_logits_rows(logits, batch.params, prev, plen, groups=batch.groups,
+                                  allowed=allowed)
 
 
 def check_draft_probs(drafter, p: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor) -> None:

@@ -7,6 +7,7 @@ Order of the transforms (the same as transformers / vLLM):
   1. repetition penalty over prompt + output tokens (CTRL: logit / r if logit > 0 else logit * r)
   2. presence and frequency penalties over output tokens (OpenAI: logit -= f * count + pres * seen)
   3. logit bias (additive)
+ 3b. the allowed tokens (a grammar's mask, exactspec.sampling.grammar): -inf elsewhere
   4. greedy (temperature 0): one-hot at the argmax, ties to the lowest id; nothing below applies
   5. temperature: logits / T
   6. top-k on logits (every token tied with the k-th value is kept)
@@ -31,6 +32,7 @@ def probs_from_logits(
     params: SamplingParams,
     prev_tokens: torch.Tensor | None = None,  # [..., T] long, -1 = padding
     prompt_len: torch.Tensor | int | None = None,  # [...] or int: leading prev_tokens that are prompt
+    allowed: torch.Tensor | None = None,  # [..., V] bool: the tokens a grammar allows, or None
 ) -> torch.Tensor:  # [..., V] float32 (float64 for float64 logits)
     """Standardized distribution over the vocabulary for each leading index of `logits`."""
     if not isinstance(params, SamplingParams):
@@ -55,6 +57,8 @@ def probs_from_logits(
         vals = torch.tensor(list(params.logit_bias.values()), dtype=dtype)
         x = x.clone()
         x[:, ids.to(x.device)] += vals.to(x.device)
+    if allowed is not None:
+        x = _restrict(x, allowed, lead)
 
     if params.is_greedy:  # argmax: the first max, i.e. the lowest id
         probs = torch.zeros_like(x).scatter_(1, x.argmax(-1, keepdim=True), 1.0)
@@ -78,6 +82,23 @@ def probs_from_logits(
         raise ValueError("the sampling filters left no token with positive probability")
     probs = probs / total
     return probs.reshape(*lead, vocab)
+
+
+def _restrict(x: torch.Tensor,  # [N, V]
+              allowed: torch.Tensor,  # [..., V] bool
+              lead: torch.Size) -> torch.Tensor:  # [N, V]
+    """Logit -inf outside `allowed` (a grammar's mask); a position with no allowed token is an
+    error (a valid grammar always allows something, EOS at its end), never a made-up law."""
+    n, vocab = x.shape
+    if allowed.dtype != torch.bool or tuple(allowed.shape) != (*lead, vocab):
+        raise ValueError(f"allowed must be a bool tensor of shape {[*lead, vocab]}, got "
+                         f"{allowed.dtype} {list(allowed.shape)}")
+    ok = allowed.reshape(n, vocab).to(x.device)
+    if not bool(ok.any(-1).all()):
+        raise ValueError("the grammar allows no token at some position (an empty mask): the "
+                         "grammar cannot continue the text; check that it can end (EOS) where "
+                         "the text may end")
+    return x.masked_fill(~ok, float("-inf"))
 
 
 def _check_finite(logits: torch.Tensor) -> None:  # [..., V]
@@ -180,6 +201,7 @@ def probs_from_logits_rows(
     prev_tokens: torch.Tensor | None = None,  # [B, ..., T] long, -1 = padding
     prompt_len: torch.Tensor | None = None,  # [B, ...] long
     groups: list[tuple[SamplingParams, torch.Tensor | None]] | None = None,  # law_groups(params)
+    allowed: torch.Tensor | None = None,  # [B, ..., V] bool: a grammar's mask, or None
 ) -> torch.Tensor:  # [B, ..., V]
     """`probs_from_logits` with each row's own parameters; rows of one law in one call.
 
@@ -189,12 +211,13 @@ def probs_from_logits_rows(
         raise ValueError(f"got {len(params)} SamplingParams for {logits.shape[0]} rows")
     groups = law_groups(params) if groups is None else groups
     if len(groups) == 1 and groups[0][1] is None:
-        return probs_from_logits(logits, groups[0][0], prev_tokens, prompt_len)
+        return probs_from_logits(logits, groups[0][0], prev_tokens, prompt_len, allowed)
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     out = torch.empty(logits.shape, dtype=dtype, device=logits.device)
     for law, rows in groups:
         rows = rows.to(logits.device)
         prev = prev_tokens[rows] if prev_tokens is not None else None
         plen = prompt_len[rows] if prompt_len is not None else None
-        out[rows] = probs_from_logits(logits[rows], law, prev, plen)
+        ok = allowed[rows.to(allowed.device)] if allowed is not None else None
+        out[rows] = probs_from_logits(logits[rows], law, prev, plen, ok)
     return out
