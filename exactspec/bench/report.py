@@ -79,7 +79,9 @@ def format_report(result: dict, *, markdown: bool = False) -> str:
             f"{m['cpu_count']} CPUs ({m['processor']}), torch {m['torch']} with "
             f"{m['torch_threads']} threads, transformers {m.get('transformers', '?')}"
             + (f", GPU {m['cuda']}" if m.get("cuda") else ", no GPU")
-            + f"; {result['config']['rounds']} round(s), duration {result['duration_seconds']:.0f} s")
+            + f"; {result['config']['rounds']} round(s), duration {result['duration_seconds']:.0f} s"
+            + (f"; {result['busy_cores']} core(s) kept busy by other processes (--busy)"
+               if result.get("busy_cores") else ""))
     parts = [head, f"CPU: torch capability {m.get('cpu_capability', '?')}, flags "
                    f"{' '.join(m.get('cpu_flags', [])) or '?'}"]
     bw = result.get("bandwidth") or {}

@@ -25,7 +25,8 @@ def add(sub) -> None:
         "memory bandwidth. Prints a table, writes "
         "OUT/bench.json and PNG plots. Ctrl-C stops it and writes what was measured so far "
         "(exit code 130). Examples: exactspec bench --quick --threads 1; exactspec bench --trees "
-        "--threads 2 --workloads chat,long,code_edit --modes greedy,t1")
+        "--threads 2 --workloads chat,long,code_edit --modes greedy,t1; exactspec bench --busy 1 "
+        "--threads 2 --engines 'exactspec plain' --workloads chat (one of two cores taken)")
     p.add_argument("--quick", action="store_true", help="a smoke check (5 min 40 s measured on 2 idle cores, llama.cpp rows included)")
     p.add_argument("--out", default="out/bench", help="output directory (default %(default)s)")
     p.add_argument("--threads", type=at_least(1), default=None,
@@ -70,6 +71,9 @@ def add(sub) -> None:
                    "object, so both sides run this dtype")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if "
                    "available, else cpu)")
+    p.add_argument("--busy", type=at_least(0), default=0, metavar="N",
+                   help="keep N cores busy with other processes while the bench runs (a busy "
+                   "machine: compare --threads 2 with --threads 1 under --busy 1); default 0")
     p.set_defaults(run=run)
 
 
@@ -119,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         truncated_draft,
         write_plots,
     )
+    from exactspec.bench.busy import busy_cores
     from exactspec.cli.common import UsageError
     from exactspec.models import load
     from exactspec.models.loading import progress_off
@@ -173,8 +178,10 @@ def run(args: argparse.Namespace) -> int:
             note += f"; EAGLE head unavailable ({type(exc).__name__})"
     off = progress_off()  # the bar only on a terminal, unless --progress
     progress = not off if off is not None else sys.stderr.isatty()
-    result = Bench(model, cfg, draft=draft, draft_note=note, eagle_factory=eagle,
-                   progress=progress, sources=sources).run()
+    with busy_cores(args.busy):
+        result = Bench(model, cfg, draft=draft, draft_note=note, eagle_factory=eagle,
+                       progress=progress, sources=sources).run()
+    result["busy_cores"] = args.busy
     interrupted = bool(result.get("interrupted"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
