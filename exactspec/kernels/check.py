@@ -1,0 +1,89 @@
+"""`python -m exactspec.kernels --check`: time a decode step on every instruction-set path this
+CPU offers and name any path far off the fastest.
+
+Every path computes the same bits; their speeds should not differ by much on one CPU (a path
+50% slower than the fastest is a defect to look at: a register tile that spills, a missing
+prefetch). The step is a one-token forward of a random Llama (smollm2-135m's widths by
+default: hidden 576, MLP 1536, 9 / 3 heads, vocabulary 49152; `layers` of them) after a
+`context`-token prompt, on our kernels, at torch's thread count; the median of `repeats`. It
+reports; it asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+FAR_OFF = 1.5  # a path slower than this times the fastest is named
+
+
+@dataclass
+class PathTime:
+    """One instruction-set path's step."""
+
+    isa: str  # "avx512vnni", "avx512", "avx2", "portable"
+    ms: float  # median milliseconds of a one-token step
+    ratio: float  # over the fastest path's
+
+
+def _model(hidden: int, layers: int, vocab: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 8 // 3,
+                      num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
+                      num_key_value_heads=max(1, hidden // 192), max_position_embeddings=4096,
+                      tie_word_embeddings=True)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def time_paths(*, hidden: int = 576, layers: int = 30, vocab: int = 49152, context: int = 64,
+               repeats: int = 9) -> list[PathTime]:
+    """The one-token step's median time on each path (module docstring)."""
+    from exactspec import kernels
+
+    if not kernels.enabled():
+        raise RuntimeError("the exactspec kernels are not built here: `python -m "
+                           "exactspec.kernels` builds them")
+    model = _model(hidden, layers, vocab)
+    prompt = [(7 * i + 1) % vocab for i in range(context)]
+    token = torch.tensor([[3]])
+    before = kernels.current_isa()
+    with torch.inference_mode():  # the model built outside it (the lean forward reads versions)
+        try:
+            ms = _time_each(model, prompt, token, context, repeats)
+        finally:
+            kernels.set_isa(before)
+    fastest = min(ms.values())
+    return [PathTime(isa, t, t / fastest) for isa, t in ms.items()]
+
+
+def _time_each(model, prompt: list[int], token: torch.Tensor, context: int,
+               repeats: int) -> dict[str, float]:
+    from exactspec import kernels
+    from exactspec.models.adapter import TargetAdapter
+
+    ms = {}
+    for isa in kernels.available_isas():
+        kernels.set_isa(isa)
+        adapter = TargetAdapter(model)
+        adapter.prefill([prompt], capacity=context + 2)
+        times = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            t0 = time.perf_counter()
+            adapter.extend(token)
+            times.append(time.perf_counter() - t0)
+        ms[isa] = 1e3 * statistics.median(times[1:])
+    return ms
+
+
+def report(paths: list[PathTime]) -> str:
+    """One line per path, then the verdict."""
+    lines = [f"{p.isa:<11} {p.ms:8.2f} ms  {p.ratio:5.2f}x the fastest" for p in paths]
+    far = [p.isa for p in paths if p.ratio > FAR_OFF]
+    lines.append(f"far off (over {FAR_OFF}x the fastest): {', '.join(far)}" if far else
+                 f"every path within {FAR_OFF}x of the fastest")
+    return "\n".join(lines)

@@ -1,0 +1,21 @@
+"""`python -m exactspec.kernels --check` as a smoke test: it times every path this CPU offers
+and reports (it asserts nothing about speed)."""
+
+from __future__ import annotations
+
+from exactspec import kernels
+from exactspec.kernels.check import FAR_OFF, PathTime, report, time_paths
+
+
+def test_every_path_is_timed_and_reported():
+    paths = time_paths(hidden=64, layers=2, vocab=256, context=8, repeats=2)
+    assert [p.isa for p in paths] == kernels.available_isas()
+    assert min(p.ratio for p in paths) == 1.0 and all(p.ms > 0 for p in paths)
+    assert all(p.isa in report(paths) for p in paths)
+
+
+def test_a_path_far_off_the_fastest_is_named():
+    text = report([PathTime("avx512", 10.0, 1.0), PathTime("avx2", 16.0, 1.6),
+                   PathTime("portable", 14.0, 1.4)])
+    assert text.splitlines()[-1] == f"far off (over {FAR_OFF}x the fastest): avx2"
+    assert report([PathTime("avx2", 1.0, 1.0)]).endswith(f"within {FAR_OFF}x of the fastest")
