@@ -172,7 +172,18 @@ class GrammarRows:
         bits = ((words[0, :, None] >> self._bits) & 1).flatten().bool()  # [32 * words]
         out = torch.zeros(self.vocab, dtype=torch.bool)
         out[: self.llg.vocab_size] = bits[: self.llg.vocab_size]
+        if m.is_error() or (not m.is_accepting() and not self._continues(out)):
+            # llguidance allows EOS where it cannot go on: text the grammar does not accept
+            raise InvalidValue("the grammar cannot continue the text with this tokenizer and is "
+                               f"not complete (text so far rejected or no token fits): "
+                               f"{m.get_error() or 'only EOS would be allowed'}")
         return out
+
+    def _continues(self, mask: torch.Tensor) -> bool:  # mask [V] bool
+        """Whether `mask` allows some token other than EOS."""
+        others = mask.clone()
+        others[sorted(self.eos)] = False
+        return bool(others.any())
 
     def along(self, drafts: torch.Tensor  # [B, J] long, -1 padded
               ) -> torch.Tensor:  # [B, J+1, V] bool
