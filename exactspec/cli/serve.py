@@ -118,6 +118,11 @@ def add(sub) -> None:
                    "only at temperature 0: other requests are refused with 400), or the opt-in "
                    "lossy rules lenient:L / typical:EPS (a warning is printed at start-up and "
                    "every response says lossless: false); needs a drafter")
+    p.add_argument("--logprobs-mode", choices=("raw", "processed"), default="raw",
+                   help="the law logprobs report unless a request's logprobs_mode says "
+                   "otherwise: raw (the default: the model's own, before temperature, "
+                   "top-k/p and penalties, as OpenAI and vLLM report) or processed (the law "
+                   "each token was drawn from, what an RL trainer needs)")
     p.add_argument("--max-batch", type=at_least(1), default=32,
                    help="rows decoded together (default %(default)s)")
     p.add_argument("--max-queue", type=at_least(1), default=64,
@@ -182,7 +187,8 @@ def run(args) -> int:
         request_timeout=args.request_timeout, limits=limits(args),
         engine=EngineConfig(max_batch=args.max_batch, max_queue=args.max_queue,
                             num_draft_tokens=value_or(args, "num_draft_tokens", "auto")
-                            if has_drafter else 0, verify=verify))
+                            if has_drafter else 0, verify=verify,
+                            logprobs_mode=args.logprobs_mode))
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.engine_in_process or (has_drafter and args.verify is not None):
@@ -220,7 +226,8 @@ def _replicas(args, verify, has_drafter: bool) -> int:
         request_timeout=args.request_timeout, drafter_name="plain", limits=limits(args),
         engine=EngineConfig(max_batch=args.max_batch, max_queue=args.max_queue,
                             num_draft_tokens=value_or(args, "num_draft_tokens", "auto")
-                            if has_drafter else 0, verify=verify))
+                            if has_drafter else 0, verify=verify,
+                            logprobs_mode=args.logprobs_mode))
     spec = ReplicaSpec(model=args.model, drafter=drafter_choice(args), config=config,
                        threads=args.threads,
                        host="127.0.0.1" if args.ray is None else None)

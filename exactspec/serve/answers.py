@@ -16,10 +16,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from exactspec.engine.results import GenerationStats
-from exactspec.serve.engine import Delta, Failed, Finished, Submission
+from exactspec.serve.events import Delta, Failed, Finished, Submission
 from exactspec.serve.guard import error_body
 from exactspec.serve.protocol import ApiError, RequestSpec
-from exactspec.serve.rows import token_strings
+from exactspec.serve.rows import token_bytes, token_strings
 
 POLL_SECONDS = 0.25  # how often a waiting non-streaming handler checks for a disconnect
 
@@ -87,7 +87,7 @@ class Answer:
                     total.accepted_per_position.append(0)
                 total.accepted_per_position[i] += c
         return {"drafter": self.config.drafter_name, "verify": self.verify,
-                "lossless": self.lossless, "seed": self.spec.params.seed,
+                "lossless": self.lossless, "seed": self.spec.seed,
                 "seeded": self.spec.seeded, "steps": total.steps, "drafted": total.drafted,
                 "accepted": total.accepted, "acceptance_rate": total.acceptance_rate,
                 "mean_acceptance_length": total.mean_acceptance_length,
@@ -100,20 +100,33 @@ class Answer:
         strs = token_strings(self.tokenizer, ids)
         lps = self.logprobs[i][start:end]
         tops = self.top[i][start:end] if self.spec.top_logprobs else [[] for _ in ids]
+        tok = self.tokenizer
         if self.kind == "chat":
             return {"content": [
-                {"token": s, "logprob": lp, "bytes": list(s.encode()),
-                 "top_logprobs": [{"token": (t := self.tokenizer.decode([tid])), "logprob": v,
-                                   "bytes": list(t.encode())} for tid, v in top]}
-                for s, lp, top in zip(strs, lps, tops, strict=True)]}
-        offsets, at = [], offset
-        for s in strs:
-            offsets.append(at)
-            at += len(s)
-        return {"tokens": strs, "token_logprobs": lps,
-                "top_logprobs": ([{self.tokenizer.decode([tid]): v for tid, v in top}
-                                  for top in tops] if self.spec.top_logprobs else None),
-                "text_offset": offsets}
+                {"token": s, "logprob": lp, "bytes": list(token_bytes(tok, tid)),
+                 "top_logprobs": [{"token": tok.decode([t]), "logprob": v,
+                                   "bytes": list(token_bytes(tok, t))} for t, v in top]}
+                for tid, s, lp, top in zip(ids, strs, lps, tops, strict=True)]}
+        return text_logprobs(tok, strs, lps, tops if self.spec.top_logprobs else None, offset)
+
+    def _echo_logprobs(self, i: int, f: Finished, generated: dict | None) -> dict | None:
+        """Text logprobs of choice i's prompt tokens (the first: None) then its own tokens,
+        offsets counted from the prompt's start."""
+        if not self.spec.logprobs:
+            return None
+        ids = self.spec.prompts[i // self.spec.n]
+        strs = token_strings(self.tokenizer, ids)
+        top = f.prompt_top if self.spec.top_logprobs else None
+        head = text_logprobs(self.tokenizer, strs, f.prompt_logprobs, top, 0)
+        if generated is None:
+            return head
+        shift = len(self.spec.echo_texts[i // self.spec.n])  # where the choice's text starts
+        return {"tokens": head["tokens"] + generated["tokens"],
+                "token_logprobs": head["token_logprobs"] + generated["token_logprobs"],
+                "top_logprobs": (None if top is None else head["top_logprobs"]
+                                 + generated["top_logprobs"]),
+                "text_offset": head["text_offset"] + [o + shift for o in
+                                                      generated["text_offset"]]}
 
     def response(self) -> dict:
         choices = []
@@ -124,7 +137,12 @@ class Answer:
                 choices.append({"index": i, "message": {"role": "assistant", "content": f.text},
                                 "logprobs": lp, "finish_reason": f.finish_reason})
             else:
-                choices.append({"index": i, "text": f.text, "logprobs": lp,
+                text = f.text
+                if self.spec.echo:  # the prompt (and its logprobs) before the choice's own
+                    prompt = self.spec.echo_texts[i // self.spec.n]
+                    lp = self._echo_logprobs(i, f, lp)
+                    text = prompt + text
+                choices.append({"index": i, "text": text, "logprobs": lp,
                                 "finish_reason": f.finish_reason})
         return {"id": self.id, "object": "chat.completion" if self.kind == "chat"
                 else "text_completion", "created": self.created, "model": self.spec.model,
@@ -151,6 +169,21 @@ class Answer:
             choice = {"index": ev.index, "text": ev.text, "logprobs": lp,
                       "finish_reason": reason}
         return self.chunk([choice])
+
+
+def text_logprobs(tokenizer, strs: list[str], lps: list, tops: list | None,
+                  offset: int) -> dict:
+    """/v1/completions' logprobs object: tokens, their logprobs, a {token: logprob} per
+    position (None where there is none: echo's first prompt token) and text offsets."""
+    offsets, at = [], offset
+    for s in strs:
+        offsets.append(at)
+        at += len(s)
+    return {"tokens": strs, "token_logprobs": lps,
+            "top_logprobs": None if tops is None else [
+                None if top is None else {tokenizer.decode([tid]): v for tid, v in top}
+                for top in tops],
+            "text_offset": offsets}
 
 
 def sub_tokenizer(sub: Submission):

@@ -26,7 +26,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from exactspec.drafters.base import Drafter
@@ -37,6 +37,7 @@ from exactspec.serve.engine import EngineConfig, ServingEngine
 from exactspec.serve.guard import Limits
 from exactspec.serve.metrics import Metrics
 from exactspec.serve.protocol import ApiError, bad, parse_request, prompt_byte_limit
+from exactspec.serve.tokens import detokenize, tokenize
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,35 @@ def create_app(model: Model, drafter: Drafter | None, config: ServerConfig, *,
             "owned_by": "exactspec", "max_model_len": model.max_context,
             "drafter": config.drafter_name, "verify": verify_name, "lossless": lossless}]}
 
+    @app.get("/v1/models/{model_id:path}")
+    async def model_card(model_id: str):
+        if model_id != config.served_name:
+            return error_response(ApiError(
+                404, f"the model {model_id!r} does not exist; this server serves "
+                f"{config.served_name!r}", param="model", code="model_not_found"))
+        return (await models())["data"][0]
+
+    async def in_pool(request: Request, work) -> Response:
+        """A JSON body handled by `work(body)` in the prepare pool; errors as OpenAI's."""
+        try:
+            raw = await request.body()
+            loop = asyncio.get_running_loop()
+            return JSONResponse(await loop.run_in_executor(prepare_pool, lambda: work(
+                _json(raw))))
+        except ApiError as exc:
+            if exc.status == 400:
+                metrics.count("rejected", "invalid_request")
+            return error_response(exc)
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request):
+        return await in_pool(request, lambda body: tokenize(body, model, config.served_name,
+                                                            max_prompt_bytes))
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request):
+        return await in_pool(request, lambda body: detokenize(body, model, config.served_name))
+
     @app.get("/metrics")
     async def prometheus():
         text = await engine.render_metrics(metrics)
@@ -125,13 +155,7 @@ def create_app(model: Model, drafter: Drafter | None, config: ServerConfig, *,
 
     def prepare(raw: bytes, kind: str):
         """The request body parsed and tokenized (in a worker thread)."""
-        try:
-            body = json.loads(raw)
-        except RecursionError:
-            raise bad("the request body nests JSON too deeply to parse; send a flatter "
-                      "object", None) from None
-        except ValueError:
-            raise bad("the request body is not valid JSON", None) from None
+        body = _json(raw)
         spec = parse_request(body, kind, model, config.served_name, config.max_tokens_cap,
                              max_prompt_bytes=max_prompt_bytes)
         if greedy_only and not spec.params.is_greedy:
@@ -168,6 +192,17 @@ def create_app(model: Model, drafter: Drafter | None, config: ServerConfig, *,
         return await complete(request, "text")
 
     return app
+
+
+def _json(raw: bytes) -> object:
+    """A request body decoded; 400 if it is no JSON (or nests too deeply to parse)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise bad("the request body nests JSON too deeply to parse; send a flatter "
+                  "object", None) from None
+    except ValueError:
+        raise bad("the request body is not valid JSON", None) from None
 
 
 class _ApiKey:

@@ -30,17 +30,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 from exactspec.drafters.base import Drafter
-from exactspec.engine.batch import Row
+from exactspec.engine.batch import Row, RowOutput
 from exactspec.engine.loop import DecodeConfig, Decoder
-from exactspec.engine.results import GenerationStats
 from exactspec.models.loading import Model
-from exactspec.sampling import RowStreams, SamplingParams
+from exactspec.sampling import RowStreams, SamplingParams, parse_method
+from exactspec.serve.echo import prompt_logprobs
+from exactspec.serve.events import Choice, Delta, Failed, Finished, Submission
 from exactspec.serve.metrics import Metrics
 from exactspec.serve.protocol import ApiError, RequestSpec
-from exactspec.serve.rows import RowText
+from exactspec.serve.rows import RowText, drop_partial
+
+__all__ = ["Choice", "Delta", "EngineConfig", "Failed", "Finished", "ServingEngine",
+           "Submission"]
 
 log = logging.getLogger(__name__)
 # what the engine decodes to calibrate "auto" draft lengths before serving (any text works)
@@ -58,78 +62,10 @@ class EngineConfig:
     num_draft_tokens: int | str = 4  # K per step, or "auto"
     verify: str = "token"  # the verification method ("token" | "block")
     retry_after: int = 1  # seconds suggested to a client refused with 429
-
-
-@dataclass
-class Delta:
-    """New tokens of one choice."""
-
-    index: int  # the choice
-    text: str  # text that can be shown now (may be empty while a stop string could start)
-    token_ids: list[int]  # the new tokens
-    logprobs: list[float] | None  # log p of each, when asked
-    top: list[list[tuple[int, float]]] | None  # top (token id, log p) per new token, when asked
-    finish_reason: str | None = None  # set on the choice's last delta ("stop" | "length")
-
-
-@dataclass
-class Finished:
-    """A choice ended."""
-
-    index: int  # the choice
-    finish_reason: str  # OpenAI's: "stop" (EOS or a stop string) | "length"
-    text: str  # the choice's whole text, exactly `es.generate`'s
-    token_ids: list[int]  # every generated token
-    stats: GenerationStats  # steps, drafted, accepted...
-
-
-@dataclass
-class Failed:
-    """The request failed; no more events follow."""
-
-    error: ApiError  # what to answer
-
-
-@dataclass
-class Choice:
-    """One row of a request inside the engine."""
-
-    index: int  # position in the request's choices
-    prompt: list[int]  # token ids
-    seed: int  # the row's stream seed (64-bit, as RowStreams stores it)
-    text: RowText  # incremental text
-    finished: bool = False  # its Finished event was sent
-
-
-@dataclass
-class Submission:
-    """One request between the HTTP handler and the engine."""
-
-    spec: RequestSpec  # what was asked
-    loop: asyncio.AbstractEventLoop | None  # the handler's loop, where events are delivered
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # Delta / Finished / Failed
-    choices: list[Choice] = field(default_factory=list)  # filled by the engine on submit
-    cancelled: bool = False  # set by the handler: nobody reads the events any more
-    done: bool = False  # every choice finished, or failed
-    submitted: float = field(default_factory=time.perf_counter)  # perf_counter at submit
-    first_token: float | None = None  # perf_counter of the first token
-    deliver: Callable[[Delta | Finished | Failed], None] | None = None  # instead of `loop`
-    on_cancel: Callable[[], None] | None = None  # also told of a cancel (the engine process)
-
-    def cancel(self) -> None:
-        """Stop decoding this request (thread-safe; the engine drops it at its next step)."""
-        self.cancelled = True
-        if self.on_cancel is not None:
-            self.on_cancel()
-
-    def send(self, event: Delta | Finished | Failed) -> None:
-        if self.deliver is not None:  # the engine process: events go down the pipe
-            self.deliver(event)
-            return
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the event loop is closed: nobody is listening
-            self.cancelled = True
+    # the law logprobs report unless a request asks otherwise: "raw" (the model's own, before
+    # temperature, top-k/p and penalties: OpenAI's and vLLM's) or "processed" (the law each
+    # token was drawn from, what an RL trainer needs)
+    logprobs_mode: str = "raw"
 
 
 class ServingEngine:
@@ -147,6 +83,12 @@ class ServingEngine:
         self._state = "new"  # new | running | draining | stopped
         self._thread: threading.Thread | None = None
         self._ids = itertools.count()  # engine row ids
+        # seeded requests are verified coupled (their text is plain decoding's for the seed,
+        # at any K, with or without the drafter) under the exact chain methods; a tree
+        # drafter, a lossy or greedy-only rule or a callable verify keep their own rule
+        verify = self.config.verify
+        self.seeds_coupled = (not callable(verify) and parse_method(verify).name in (
+            "token", "block", "coupled") and getattr(drafter, "tree", None) is None)
 
     # --- control, from any thread ---------------------------------------------------------
 
@@ -164,7 +106,7 @@ class ServingEngine:
         Its events go to `loop`'s queue, or to `deliver` (the engine process's pipe)."""
         sub = Submission(spec=spec, loop=loop, deliver=deliver)
         rows = spec.rows
-        seeds = RowStreams.from_seed(spec.params.seed, len(rows)).seeds.tolist()
+        seeds = RowStreams.from_seed(spec.seed, len(rows)).seeds.tolist()
         sub.choices = [Choice(i, p, s, RowText(self.model.tokenizer, spec.stop))
                        for i, (p, s) in enumerate(zip(rows, seeds, strict=True))]
         with self._cond:
@@ -299,7 +241,8 @@ class ServingEngine:
                            num_draft_tokens=self.config.num_draft_tokens,
                            verify=self.config.verify, return_logprobs=True,
                            eos_token_ids=self.model.eos_token_ids, stop=[],
-                           tokenizer=self.model.tokenizer)
+                           tokenizer=self.model.tokenizer,
+                           logprobs_mode=self.config.logprobs_mode)
         return Decoder(self.model, self.drafter, cfg, on_fault="plain")
 
     def _calibrated(self) -> Decoder | None:
@@ -326,11 +269,22 @@ class ServingEngine:
         rows = []
         for sub in subs:
             spec = sub.spec
-            params = replace(spec.params, seed=None)  # one object: the rows share one law
+            if spec.echo and spec.logprobs:  # the prompts' own logprobs, once per prompt
+                mode = spec.logprobs_mode or self.config.logprobs_mode
+                sub.echo = [prompt_logprobs(self.model, p, spec.params, mode,
+                                            spec.top_logprobs) for p in spec.prompts]
+            if spec.max_tokens == 0:  # echo alone: every choice ends now
+                for c in sub.choices:
+                    self._emit(sub, c, RowOutput(finish_reason="length"), [])
+                continue
             for c in sub.choices:
-                row = decoder.make_row(next(self._ids), c.prompt, params, c.seed,
+                row = decoder.make_row(next(self._ids), c.prompt, spec.params, c.seed,
                                        max_new_tokens=spec.max_tokens, stop=list(spec.stop),
-                                       top_logprobs=spec.top_logprobs or 0)
+                                       top_logprobs=spec.top_logprobs or 0,
+                                       coupled=spec.seeded and self.seeds_coupled,
+                                       logprobs_mode=spec.logprobs_mode)
+                if spec.ignore_eos:  # stopping is not sampling: the law is unchanged
+                    row.stop.eos = set()
                 live[row.id] = (sub, c, row)
                 rows.append(row)
         return rows
@@ -392,8 +346,10 @@ class ServingEngine:
             return
         choice.finished = True
         final = self.model.tokenizer.decode(out.tokens, skip_special_tokens=True)
-        final = final[: out.cut] if out.cut is not None else final
-        sub.send(Finished(choice.index, reason, final, list(out.tokens), out.stats))
+        final = final[: out.cut] if out.cut is not None else drop_partial(
+            self.model.tokenizer, out.tokens, final)
+        lps, top = sub.echo[choice.index // spec.n] if sub.echo else (None, None)
+        sub.send(Finished(choice.index, reason, final, list(out.tokens), out.stats, lps, top))
         self.metrics.observe_row(out.stats)
         if all(c.finished for c in sub.choices):
             sub.done = True

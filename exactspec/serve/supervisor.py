@@ -32,7 +32,7 @@ from multiprocessing.connection import Connection
 from prometheus_client import generate_latest
 
 from exactspec.models.loading import Model
-from exactspec.serve.engine import Choice, Failed, Finished, Submission
+from exactspec.serve.events import Choice, Failed, Finished, Submission
 from exactspec.serve.metrics import Metrics, merge
 from exactspec.serve.protocol import ApiError, RequestSpec
 from exactspec.serve.rows import RowText

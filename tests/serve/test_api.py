@@ -17,7 +17,11 @@ CHAT = [{"role": "user", "content": "tell me a tale"}]
 
 
 def reference(model, prompt: str | list[int], *, n: int = 1, chat: bool = False, **kw):
-    """es.generate for the request alone: n copies of the prompt, the request's seed."""
+    """es.generate for the request alone: n copies of the prompt, the request's seed; a seeded
+    request is decoded coupled (its text is plain decoding's for the seed at any K) and its
+    logprobs are the model's own law by default (issue 38)."""
+    kw.setdefault("verify", "coupled")
+    kw.setdefault("logprobs_mode", "raw")
     ids = prompt if isinstance(prompt, list) else model.encode(prompt, chat=chat)
     params = es.SamplingParams(**{k: kw.pop(k) for k in list(kw) if k in (
         "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
@@ -56,7 +60,7 @@ def test_prompt_list_and_token_ids(server, tiny):
     r = client(server).completions.create(model=NAME, prompt=[ids, "xyz"], max_tokens=6, n=2,
                                           seed=9)
     gens = es.generate(tiny, [ids, ids, tiny.encode("xyz"), tiny.encode("xyz")],
-                       params=es.SamplingParams(seed=9), max_new_tokens=6)
+                       params=es.SamplingParams(seed=9), max_new_tokens=6, verify="coupled")
     assert [c.text for c in r.choices] == [g.text for g in gens]
 
 
@@ -81,9 +85,9 @@ def test_stream_with_usage_chunk_equals_the_plain_answer(server):
 
 def test_text_stream(server):
     c = client(server)
-    whole = c.completions.create(model=NAME, prompt="hello", max_tokens=20, seed=4)
+    whole = c.completions.create(model=NAME, prompt="hello", max_tokens=20, seed=5)
     pieces = [ch.choices[0].text for ch in c.completions.create(
-        model=NAME, prompt="hello", max_tokens=20, seed=4, stream=True) if ch.choices]
+        model=NAME, prompt="hello", max_tokens=20, seed=5, stream=True) if ch.choices]
     assert "".join(pieces) == whole.choices[0].text and len(pieces) > 1
 
 
@@ -111,9 +115,16 @@ def test_text_logprobs_and_greedy_top(server, tiny):
                                           temperature=0)
     (g,) = reference(tiny, "abc", max_new_tokens=8, temperature=0)
     lp = r.choices[0].logprobs
-    assert lp.token_logprobs == [0.0] * len(g.token_ids)  # greedy: p is one-hot
-    assert [list(t) for t in lp.top_logprobs] == [[s] for s in lp.tokens]  # only p > 0 listed
+    assert lp.token_logprobs == pytest.approx(g.logprobs, abs=0)  # the model's own law at T=0
+    assert all(v < 0 for v in lp.token_logprobs)  # real values, not the one-hot's 0.0
+    assert all(len(t) == 3 and max(t, key=t.get) == s  # always 3 entries, the greedy token first
+               for t, s in zip(lp.top_logprobs, lp.tokens, strict=True))
     assert lp.text_offset == list(range(len(g.token_ids)))  # one character per token
+    processed = client(server).completions.create(  # the law drawn from, on request
+        model=NAME, prompt="abc", max_tokens=8, logprobs=3, temperature=0,
+        extra_body={"logprobs_mode": "processed_logprobs"}).choices[0].logprobs
+    assert processed.token_logprobs == [0.0] * len(g.token_ids)  # greedy: p is one-hot
+    assert [list(t) for t in processed.top_logprobs] == [[s] for s in processed.tokens]
 
 
 def test_seed_reproducible_and_seeds_differ(server):

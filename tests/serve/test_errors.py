@@ -32,9 +32,9 @@ NO_EOS = {"logit_bias": {"0": -100}}  # id 0 is EOS: long requests run to max_to
     ("chat", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ("chat", {"top_logprobs": 3}, "top_logprobs"),
     ("chat", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ("chat", {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ("chat", {"stop": [f"s{i}" for i in range(65)]}, "stop"),  # 64 at most
     ("chat", {"logit_bias": {"999": 1}}, "logit_bias"),
-    ("chat", {"seed": -1}, "seed"),
+    ("chat", {"seed": 2**63}, "seed"),  # any int64 is taken
     ("chat", {"presence_penalty": 3}, "presence_penalty"),
     ("chat", {"repetition_penalty": 0}, "repetition_penalty"),
     ("chat", {"stream_options": {"include_usage": True}}, "stream_options"),
@@ -42,7 +42,7 @@ NO_EOS = {"logit_bias": {"0": -100}}  # id 0 is EOS: long requests run to max_to
     ("text", {"prompt": ""}, "prompt"),
     ("text", {"prompt": [[1, 2, 10_000]]}, "prompt"),
     ("text", {"logprobs": 6}, "logprobs"),
-    ("text", {"echo": True}, "echo"),
+    ("text", {"echo": True, "stream": True}, "echo"),  # echo is not streamed
 ])
 def test_bad_field_is_400_naming_it_and_never_queued(server, kind, extra, param):
     body = {"model": NAME, **({"messages": MSG} if kind == "chat" else {"prompt": "hi"}), **extra}

@@ -194,5 +194,5 @@ def test_seeded_request_alone_equals_generate_with_a_drafter(char_model):
                                            seed=77, temperature=params.temperature,
                                            top_p=params.top_p, extra_body={"top_k": params.top_k})
     gens = es.generate(char_model, ["abcabcab"] * 3, drafter=es.PromptLookup(), params=params,
-                       max_new_tokens=20)
+                       max_new_tokens=20, verify="coupled")  # seeded: coupled (issue 38)
     assert [ch.text for ch in r.choices] == [g.text for g in gens]

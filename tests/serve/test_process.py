@@ -86,7 +86,8 @@ def test_chat_template_single_and_multi_turn(tiny_dir):
                                                    add_generation_prompt=True)
         assert text == "s- be brief. u- hi. a- yo. u- why. a- "
         ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
-        (g,) = es.generate(model, [ids], params=es.SamplingParams(seed=1), max_new_tokens=5)
+        (g,) = es.generate(model, [ids], params=es.SamplingParams(seed=1), max_new_tokens=5,
+                           verify="coupled")  # a seeded request: coupled (issue 38)
         assert r.usage.prompt_tokens == len(ids) and r.choices[0].message.content == g.text
 
 
@@ -122,7 +123,8 @@ def test_bounded_load_every_token_accounted(tiny):
         assert metrics.peak_batch_rows > 1  # requests of different settings shared steps
     for ask, (text, usage) in zip(asks, results, strict=True):
         params = es.SamplingParams(temperature=ask["temperature"], seed=ask["seed"])
-        (g,) = es.generate(tiny, ["load"], params=params, max_new_tokens=ask["max_tokens"])
+        (g,) = es.generate(tiny, ["load"], params=params, max_new_tokens=ask["max_tokens"],
+                           verify="coupled")  # a seeded request: coupled (issue 38)
         assert text == g.text and usage.completion_tokens == len(g.token_ids)
 
 

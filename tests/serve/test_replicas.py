@@ -53,7 +53,8 @@ def test_two_replicas_answer_and_metrics_count_both(endpoint):
     model = es.load(str(model_dir))
     for ask, r in zip(asks, answers, strict=True):
         params = es.SamplingParams(temperature=ask["temperature"], seed=ask["seed"])
-        (g,) = es.generate(model, ["abc"], params=params, max_new_tokens=6)
+        (g,) = es.generate(model, ["abc"], params=params, max_new_tokens=6,
+                           verify="coupled")  # a seeded request: coupled (issue 38)
         assert r.choices[0].text == g.text
     assert text == answers[0].choices[0].text  # streams pass through unchanged
     # each replica served some of the seven; the endpoint's /metrics counts all of them

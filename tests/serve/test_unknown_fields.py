@@ -16,7 +16,8 @@ MSG = [{"role": "user", "content": "hi"}]
 @pytest.mark.parametrize(("kind", "extra"), [
     ("chat", {"foo": 1}),
     ("chat", {"reasoning_effort": "low"}),
-    ("chat", {"parallel_tool_calls": False}),
+    ("chat", {"response_format": {"type": "json_object"}}),  # not served yet
+    ("chat", {"store": True}),  # only its no-op value, false, is taken
     ("chat", {"prompt": "hi"}),  # a text-completion field sent to chat
     ("text", {"foo": "bar"}),
     ("text", {"top_logprobs": 2}),  # a chat field sent to text completions
