@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 
+import numpy as np
 import torch
 
 from exactspec.errors import InvalidValue
@@ -133,7 +134,6 @@ class GrammarRows:
             raise InvalidValue(f"the tokenizer has {self.llg.vocab_size} tokens, more than the "
                                f"model's {vocab} logits; a grammar cannot be served")
         self.rows: list[_RowMatcher | None] = []  # [B]
-        self._bits = torch.arange(32, dtype=torch.int32)  # bit j of each mask word
 
     def matcher(self, grammar: Grammar | None) -> _RowMatcher | None:
         if grammar is None:
@@ -169,9 +169,11 @@ class GrammarRows:
 
         words = lt.allocate_token_bitmask(1, self.llg.vocab_size)  # [1, ceil(Vt / 32)] int32
         lt.fill_next_token_bitmask(m, words)
-        bits = ((words[0, :, None] >> self._bits) & 1).flatten().bool()  # [32 * words]
+        # bit j of word i is token 32 i + j (little-endian words: byte b holds bits 8b..8b+7)
+        little = words[0].numpy().astype("<i4").view(np.uint8)  # [4 W]
+        bits = np.unpackbits(little, bitorder="little")  # [32 W]
         out = torch.zeros(self.vocab, dtype=torch.bool)
-        out[: self.llg.vocab_size] = bits[: self.llg.vocab_size]
+        out[: self.llg.vocab_size] = torch.from_numpy(bits[: self.llg.vocab_size].astype(bool))
         if m.is_error() or (not m.is_accepting() and not self._continues(out)):
             # llguidance allows EOS where it cannot go on: text the grammar does not accept
             raise InvalidValue("the grammar cannot continue the text with this tokenizer and is "

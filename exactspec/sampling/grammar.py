@@ -44,7 +44,7 @@ class Grammar:
         if not isinstance(schema, dict):
             raise InvalidType(f"json_schema: the schema must be a JSON object (a dict), got "
                               f"{type(schema).__name__}")
-        source = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+        source = json.dumps(schema, separators=(",", ":"))  # key order kept: it is the output's
         llg = _llguidance()
         try:
             spec = llg.LLMatcher.grammar_from_json_schema(source)
