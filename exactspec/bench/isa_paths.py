@@ -1,4 +1,4 @@
-"""`python -m exactspec.kernels --check`: time a decode step on every instruction-set path this
+"""`python -m exactspec.bench.isa_paths`: time a decode step on every instruction-set path this
 CPU offers and name any path far off the fastest.
 
 Every path computes the same bits; their speeds should not differ by much on one CPU (a path
@@ -80,6 +80,25 @@ def _time_each(model, prompt: list[int], token: torch.Tensor, context: int,
     return ms
 
 
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m exactspec.bench.isa_paths", description=__doc__.split("\n\n")[0],
+        epilog="Example: python -m exactspec.bench.isa_paths --threads 2 --layers 30")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: "
+                        "torch's choice)")
+    parser.add_argument("--layers", type=int, default=30, help="decoder layers (default 30)")
+    parser.add_argument("--repeats", type=int, default=9, help="timed steps per path (median)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"one-token step, {torch.get_num_threads()} threads, {args.layers} layers of hidden "
+          f"576, vocabulary 49152:")
+    print(report(time_paths(layers=args.layers, repeats=args.repeats)))
+    return 0
+
+
 def report(paths: list[PathTime]) -> str:
     """One line per path, then the verdict."""
     lines = [f"{p.isa:<11} {p.ms:8.2f} ms  {p.ratio:5.2f}x the fastest" for p in paths]
@@ -87,3 +106,7 @@ def report(paths: list[PathTime]) -> str:
     lines.append(f"far off (over {FAR_OFF}x the fastest): {', '.join(far)}" if far else
                  f"every path within {FAR_OFF}x of the fastest")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

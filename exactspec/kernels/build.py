@@ -106,11 +106,6 @@ def _build(verbose: bool) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verbose", action="store_true", help="show the compiler commands")
-    parser.add_argument("--check", action="store_true",
-                        help="then time a one-token step of a random smollm2-sized Llama on "
-                        "every instruction-set path this CPU offers, and name any path over "
-                        "1.5x the fastest (kernels/check.py)")
-    parser.add_argument("--layers", type=int, default=30, help="--check: decoder layers (30)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     failure_path().unlink(missing_ok=True)
@@ -118,12 +113,6 @@ def main() -> None:
     isa = torch.ops.exactspec.current_isa()
     sys.stdout.write(f"exactspec kernels: {path} (ISA {isa}, available "
                      f"{list(torch.ops.exactspec.available_isas())})\n")
-    if args.check:
-        from exactspec.kernels.check import report, time_paths
-
-        sys.stdout.write(f"one-token step, {torch.get_num_threads()} threads, "
-                         f"{args.layers} layers of hidden 576:\n"
-                         f"{report(time_paths(layers=args.layers))}\n")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,15 @@
-"""`python -m exactspec.kernels --check` as a smoke test: it times every path this CPU offers
+"""`python -m exactspec.bench.isa_paths` as a smoke test: it times every path this CPU offers
 and reports (it asserts nothing about speed)."""
 
 from __future__ import annotations
 
+import pytest
+
 from exactspec import kernels
-from exactspec.kernels.check import FAR_OFF, PathTime, report, time_paths
+from exactspec.bench.isa_paths import FAR_OFF, PathTime, main, report, time_paths
+
+pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="the exactspec kernels are not "
+                                "built here (python -m exactspec.kernels)")
 
 
 def test_every_path_is_timed_and_reported():
@@ -12,6 +17,12 @@ def test_every_path_is_timed_and_reported():
     assert [p.isa for p in paths] == kernels.available_isas()
     assert min(p.ratio for p in paths) == 1.0 and all(p.ms > 0 for p in paths)
     assert all(p.isa in report(paths) for p in paths)
+
+
+def test_the_command_prints_every_path(capsys):
+    assert main(["--layers", "1", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert all(isa in out for isa in kernels.available_isas())
 
 
 def test_a_path_far_off_the_fastest_is_named():
