@@ -20,6 +20,7 @@ from exactspec.serve.events import Delta, Failed, Finished, Submission
 from exactspec.serve.guard import error_body
 from exactspec.serve.protocol import ApiError, RequestSpec
 from exactspec.serve.rows import token_bytes, token_strings
+from exactspec.serve.structured import call_id, tool_call_reply
 
 POLL_SECONDS = 0.25  # how often a waiting non-streaming handler checks for a disconnect
 
@@ -54,6 +55,8 @@ class Answer:
         self.logprobs: list[list[float]] = [[] for _ in range(n)]
         self.top: list[list[list[tuple[int, float]]]] = [[] for _ in range(n)]
         self.tokenizer = sub_tokenizer(sub)
+        self.tool_text = [""] * n  # streams of a forced tool call: the text so far per choice
+        self.tool_started = [False] * n  # and whether its id and name were sent
 
     @property
     def done(self) -> bool:
@@ -134,8 +137,11 @@ class Answer:
             assert f is not None
             lp = self._logprobs(i, 0, len(self.tokens[i]))
             if self.kind == "chat":
-                choices.append({"index": i, "message": {"role": "assistant", "content": f.text},
-                                "logprobs": lp, "finish_reason": f.finish_reason})
+                message, reason = {"role": "assistant", "content": f.text}, f.finish_reason
+                if self.spec.tool is not None:  # tool_calls, content null
+                    message, reason = tool_call_reply(self.spec.tool, f.text, reason)
+                choices.append({"index": i, "message": message, "logprobs": lp,
+                                "finish_reason": reason})
             else:
                 text = f.text
                 if self.spec.echo:  # the prompt (and its logprobs) before the choice's own
@@ -163,12 +169,37 @@ class Answer:
         end = start + len(ev.token_ids)
         lp = self._logprobs(ev.index, start, end, sent_chars)
         if self.kind == "chat":
-            choice = {"index": ev.index, "delta": {"content": ev.text} if ev.text else {},
-                      "logprobs": lp, "finish_reason": reason}
+            delta = {"content": ev.text} if ev.text else {}
+            if self.spec.tool is not None:
+                delta, reason = self._tool_delta(ev)
+            choice = {"index": ev.index, "delta": delta, "logprobs": lp, "finish_reason": reason}
         else:
             choice = {"index": ev.index, "text": ev.text, "logprobs": lp,
                       "finish_reason": reason}
         return self.chunk([choice])
+
+    def _tool_delta(self, ev: Delta) -> tuple[dict, str | None]:
+        """A forced tool call's stream delta: a named tool's arguments as they grow (the
+        first delta carries the call's id and name); a "required" call whole, at its end
+        (its name is only known once its JSON is)."""
+        tool, i, reason = self.spec.tool, ev.index, ev.finish_reason
+        started, self.tool_started[i] = self.tool_started[i], True
+        self.tool_text[i] += ev.text
+        if tool.name is None:  # "required": the call whole, at the end
+            if reason is None:
+                return {}, None
+            message, reason = tool_call_reply(tool, self.tool_text[i], reason)
+            if "tool_calls" not in message:
+                return {"content": message["content"]}, reason
+            return {"tool_calls": [{"index": 0, **message["tool_calls"][0]}]}, reason
+        reason = "tool_calls" if reason == "stop" else reason
+        if not ev.text and started:
+            return {}, reason
+        call: dict = {"index": 0, "function": {"arguments": ev.text}}
+        if not started:
+            call = {"index": 0, "id": call_id(), "type": "function",
+                    "function": {"name": tool.name, "arguments": ev.text}}
+        return {"tool_calls": [call]}, reason
 
 
 def text_logprobs(tokenizer, strs: list[str], lps: list, tops: list | None,

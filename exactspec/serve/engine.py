@@ -42,6 +42,7 @@ from exactspec.serve.events import Choice, Delta, Failed, Finished, Submission
 from exactspec.serve.metrics import Metrics
 from exactspec.serve.protocol import ApiError, RequestSpec
 from exactspec.serve.rows import RowText, drop_partial
+from exactspec.serve.structured import first_mask_error, grammar_refusal
 
 __all__ = ["Choice", "Delta", "EngineConfig", "Failed", "Finished", "ServingEngine",
            "Submission"]
@@ -89,6 +90,8 @@ class ServingEngine:
         verify = self.config.verify
         self.seeds_coupled = (not callable(verify) and parse_method(verify).name in (
             "token", "block", "coupled") and getattr(drafter, "tree", None) is None)
+        self.grammar_refused = grammar_refusal(drafter, verify)  # why no grammar is served
+        self._grammar_errors: dict = {}  # Grammar -> why this tokenizer cannot write it ("")
 
     # --- control, from any thread ---------------------------------------------------------
 
@@ -269,6 +272,12 @@ class ServingEngine:
         rows = []
         for sub in subs:
             spec = sub.spec
+            if spec.grammar is not None and self._grammar_error(spec.grammar):
+                sub.done = True  # refused alone: at admission it would fail the whole batch
+                self.metrics.count("rejected", "invalid_request")
+                sub.send(Failed(ApiError(400, self._grammar_error(spec.grammar), param=(
+                    "tool_choice" if spec.tool is not None else "response_format"))))
+                continue
             if spec.echo and spec.logprobs:  # the prompts' own logprobs, once per prompt
                 mode = spec.logprobs_mode or self.config.logprobs_mode
                 sub.echo = [prompt_logprobs(self.model, p, spec.params, mode,
@@ -282,12 +291,21 @@ class ServingEngine:
                                        max_new_tokens=spec.max_tokens, stop=list(spec.stop),
                                        top_logprobs=spec.top_logprobs or 0,
                                        coupled=spec.seeded and self.seeds_coupled,
-                                       logprobs_mode=spec.logprobs_mode)
+                                       logprobs_mode=spec.logprobs_mode, grammar=spec.grammar)
                 if spec.ignore_eos:  # stopping is not sampling: the law is unchanged
                     row.stop.eos = set()
                 live[row.id] = (sub, c, row)
                 rows.append(row)
         return rows
+
+    def _grammar_error(self, grammar) -> str:
+        """Why `grammar` cannot be served here ("" if it can), remembered per grammar."""
+        if grammar not in self._grammar_errors:
+            if len(self._grammar_errors) > 256:
+                self._grammar_errors.clear()
+            self._grammar_errors[grammar] = self.grammar_refused or first_mask_error(
+                self.model, grammar)
+        return self._grammar_errors[grammar]
 
     def _drop_cancelled(self, decoder: Decoder, live: dict) -> None:
         """Rows nobody reads any more leave the batch now (a client gone, a timeout)."""
@@ -355,3 +373,4 @@ class ServingEngine:
             sub.done = True
             self.metrics.count("requests", reason)
             self.metrics.e2e.observe(now - sub.submitted)
+

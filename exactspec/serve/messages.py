@@ -19,20 +19,24 @@ from exactspec.serve.fields import bad, check_size, utf8_size
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def chat_text(model: Model, messages: list[dict]) -> tuple[str, bool]:
+def chat_text(model: Model, messages: list[dict],
+              tools: list | None = None) -> tuple[str, bool]:
     """The text a chat is encoded from, and whether it was templated (no BOS added then).
 
     One user message goes through `Model.apply_chat`, exactly as `exactspec generate` does;
     longer conversations through the tokenizer's chat template. Without a template the
-    contents are joined by newlines.
+    contents are joined by newlines. `tools` (a forced tool call's) go to a template that
+    reads them.
     """
     if not model.has_chat_template:
         return "\n".join(m["content"] or "" for m in messages), False
-    if len(messages) == 1 and messages[0]["role"] == "user":
+    template = getattr(model.tokenizer, "chat_template", None)
+    tools = tools if tools and isinstance(template, str) and "tools" in template else None
+    if len(messages) == 1 and messages[0]["role"] == "user" and tools is None:
         return model.apply_chat(messages[0]["content"]), True
     assert model.tokenizer is not None
     try:
-        text = model.tokenizer.apply_chat_template(messages, tokenize=False,
+        text = model.tokenizer.apply_chat_template(messages, tokenize=False, tools=tools,
                                                    add_generation_prompt=True)
     except Exception as exc:  # jinja's TemplateError (raise_exception) or a template bug
         raise bad(f"this model's chat template cannot render these messages: {exc}; send a "
@@ -42,9 +46,10 @@ def chat_text(model: Model, messages: list[dict]) -> tuple[str, bool]:
     return text, True
 
 
-def chat_prompt(body: dict, model: Model, max_bytes: int | None) -> list[list[int]]:
-    """The prompt's token ids ([one prompt]) from the body's `messages`; 400 naming the bad
-    message and field."""
+def chat_prompt(body: dict, model: Model, max_bytes: int | None,
+                tools: list | None = None) -> list[list[int]]:
+    """The prompt's token ids ([one prompt]) from the body's `messages` (and the `tools` of a
+    forced call, for a template that shows them); 400 naming the bad message and field."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("'messages' must be a non-empty list of {role, content} objects", "messages")
@@ -80,7 +85,7 @@ def chat_prompt(body: dict, model: Model, max_bytes: int | None) -> list[list[in
                     out[key] = m[key]
         clean.append(out)
     check_size(size, max_bytes, "messages", model)
-    text, templated = chat_text(model, clean)
+    text, templated = chat_text(model, clean, tools)
     ids = list(model.tokenizer(text, add_special_tokens=not templated)["input_ids"])
     if not ids:
         raise bad("'messages' encode to no tokens", "messages")

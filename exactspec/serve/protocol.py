@@ -3,9 +3,10 @@
 A bad field raises `ApiError` (HTTP 400, OpenAI's error body naming the field); nothing about
 a rejected request is ever queued. Fields follow OpenAI's chat and text completion APIs, plus
 vLLM's top-level extensions `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
-`min_tokens` (0 only) and `logprobs_mode`. A field whose value means "off" (`NOOPS`: e.g.
-`response_format: {"type": "text"}`, `tool_choice: "none"`, `store: false`, `best_of: 1`) is
-accepted and changes nothing; any other value of it is refused by name.
+`min_tokens` (0 only), `logprobs_mode` and `guided_json` / `guided_regex` / `guided_choice`.
+A field whose value means "off" (`NOOPS`: e.g. `store: false`, `best_of: 1`) is accepted and
+changes nothing; any other value of it is refused by name. `response_format`, `tools` and
+`tool_choice` are structured.py's: a grammar for the rows (or nothing, for "text" / "none").
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 
 from exactspec.models.loading import Model
 from exactspec.sampling import SamplingParams
+from exactspec.sampling.grammar import Grammar
 from exactspec.serve.fields import (
     ApiError,
     bad,
@@ -28,6 +30,7 @@ from exactspec.serve.fields import (
     utf8_size,
 )
 from exactspec.serve.messages import chat_prompt, chat_text
+from exactspec.serve.structured import GUIDED, ForcedTool, structured
 
 __all__ = ["ApiError", "RequestSpec", "bad", "chat_text", "parse_request", "prompt_byte_limit"]
 
@@ -44,8 +47,6 @@ LOGPROBS_MODES = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
 # Fields that have a value meaning "off": that value is accepted (and changes nothing), any
 # other is refused by name. `tools` / `tool_choice` / `parallel_tool_calls` are `_tools`'.
 NOOPS = {
-    "response_format": (lambda v: isinstance(v, dict) and v.get("type") == "text"
-                        and set(v) <= {"type"}, '{"type": "text"}'),
     "store": (lambda v: v is False, "false"),
     "best_of": (lambda v: v == 1 and is_int(v), "1"),
     "suffix": (lambda v: v == "", '""'),
@@ -60,12 +61,11 @@ NOOPS = {
     "web_search_options": (lambda v: False, "null"),
 }
 WHY = {  # what a refused value of a NOOPS field would need, said in its 400
-    "response_format": "structured output (json_object / json_schema) is not served yet",
     "best_of": "it returns every sample it draws: ask for n choices instead",
     "min_tokens": ("masking EOS for the first N tokens is not served: it must be a "
                    "standardizing transform of p and q alike to stay exact"),
 }
-CHAT_ONLY = ("messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
+CHAT_ONLY = ("messages", "max_completion_tokens", "top_logprobs", "tools",
              "tool_choice", "parallel_tool_calls", "functions", "function_call", "modalities",
              "audio", "prediction", "web_search_options", "reasoning_effort")
 # Fields we know but do not implement at all: refused by name rather than silently ignored.
@@ -76,7 +76,7 @@ _COMMON = ("model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "
            "stream_options", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
            "user", "store", "metadata", "service_tier",
            "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens",
-           "logprobs_mode")  # the last six: vLLM's
+           "logprobs_mode", "response_format", *GUIDED)  # top_k.., guided_*: vLLM's
 KNOWN = {"chat": frozenset((*_COMMON, *CHAT_ONLY)),
          "text": frozenset((*_COMMON, "prompt", "echo", "best_of", "suffix"))}
 
@@ -103,6 +103,8 @@ class RequestSpec:
     # logprobs, every prompt token after the first, when logprobs are asked)
     echo_texts: list[str] = field(default_factory=list)  # per prompt, the text echoed
     ignore_eos: bool = False  # vLLM's: EOS does not end a choice (budget or stop strings do)
+    grammar: Grammar | None = None  # every row's output restricted to it (structured.py)
+    tool: ForcedTool | None = None  # the output is this forced tool call's JSON
 
     @property
     def rows(self) -> list[list[int]]:
@@ -142,7 +144,9 @@ def parse_request(body: object, kind: str, model: Model, served_name: str,
     _noops(body)
     if kind == "chat":
         _tools(body)
-    prompts = (chat_prompt(body, model, max_prompt_bytes) if kind == "chat"
+    shape = structured(body, kind)
+    tools = body.get("tools") if shape.tool is not None else None  # shown to the template
+    prompts = (chat_prompt(body, model, max_prompt_bytes, tools) if kind == "chat"
                else _text_prompts(body, model, max_prompt_bytes))
     echo = kind == "text" and bool_field(body, "echo", False)
     n = int_field(body, "n", 1, 1, MAX_N)
@@ -185,7 +189,8 @@ def parse_request(body: object, kind: str, model: Model, served_name: str,
                        seeded=seeded, max_tokens=max_tokens, seed=seed, stop=stop,
                        stream=stream, include_usage=include_usage, logprobs=logprobs,
                        top_logprobs=top, logprobs_mode=LOGPROBS_MODES.get(mode), echo=echo,
-                       echo_texts=texts, ignore_eos=bool_field(body, "ignore_eos", False))
+                       echo_texts=texts, ignore_eos=bool_field(body, "ignore_eos", False),
+                       grammar=shape.grammar, tool=shape.tool)
 
 
 def _echo_texts(given, prompts: list[list[int]], model: Model) -> list[str]:
@@ -208,22 +213,13 @@ def _noops(body: dict) -> None:
 
 
 def _tools(body: dict) -> None:
-    """`tools` are accepted with tool_choice "none" (then ignored: the model is not told of
-    them, nothing parses calls); `parallel_tool_calls` (true or false) changes nothing."""
-    tools, choice = body.get("tools"), body.get("tool_choice")
-    if tools is not None and not isinstance(tools, list):
-        raise bad("'tools' must be a list of tool objects", "tools")
+    """`parallel_tool_calls` (true or false) changes nothing: a forced call is one call.
+    `tools` and `tool_choice` are structured.py's (a forced call's grammar, or ignored with
+    "none")."""
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise bad(f"'parallel_tool_calls'={parallel!r} must be true or false",
                   "parallel_tool_calls")
-    if choice is not None and choice not in ("none", "auto"):
-        raise bad(f"'tool_choice'={choice!r} is not supported: this server does not call "
-                  "tools yet; send \"none\" (tools are then ignored)", "tool_choice")
-    if tools and choice != "none":
-        raise bad("'tools' are served with tool_choice \"none\" only (ignored: this server "
-                  "does not call tools yet); send tool_choice: \"none\" or remove 'tools'",
-                  "tools")
 
 
 def prompt_byte_limit(model: Model, factor: int = 2) -> int | None:

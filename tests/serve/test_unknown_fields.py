@@ -16,7 +16,7 @@ MSG = [{"role": "user", "content": "hi"}]
 @pytest.mark.parametrize(("kind", "extra"), [
     ("chat", {"foo": 1}),
     ("chat", {"reasoning_effort": "low"}),
-    ("chat", {"response_format": {"type": "json_object"}}),  # not served yet
+    ("chat", {"response_format": {"type": "xml"}}),  # json_object / json_schema are served
     ("chat", {"store": True}),  # only its no-op value, false, is taken
     ("chat", {"prompt": "hi"}),  # a text-completion field sent to chat
     ("text", {"foo": "bar"}),
