@@ -198,3 +198,21 @@ def test_conversions():
     assert tool_call_reply(ForcedTool("f"), '{"n', "length")[1] == "length"
     assert tool_call_reply(ForcedTool(None), '{"na', "length") == (
         {"role": "assistant", "content": '{"na'}, "length")
+
+
+def test_grammars_cross_to_the_engine_process(tmp_path):
+    """`exactspec serve` decodes in a child process: the request's Grammar is pickled to it, and
+    a grammar its tokenizer cannot write comes back as that request's 400."""
+    from tests.batch.tiny_dir import save_tiny
+    from tests.serve.test_limits import Serve
+
+    with Serve(save_tiny(tmp_path / "model")) as srv:
+        c = client(srv)
+        r = c.completions.create(model=NAME, prompt="go", max_tokens=8, seed=2,
+                                 extra_body={"guided_regex": "[a-c]{4}"})
+        assert r.choices[0].finish_reason == "stop" and len(r.choices[0].text) == 4
+        assert set(r.choices[0].text) <= set("abc")
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=NAME, messages=MSG, max_tokens=4,
+                                      response_format={"type": "json_object"})
+        assert e.value.body["param"] == "response_format"
