@@ -10,7 +10,7 @@ machine, e.g.
 
     PYTHONPATH=. .venv/bin/python scripts/cross_vocab_bench.py --threads 2 --rounds 3 \
         --workloads code_edit,list_transform,summarise,chat --quantized-k 4 \
-        --out docs/bench_cross_vocab
+        --out docs/runs/bench_cross_vocab
 
 gemma3 is not a Llama architecture, so its self-draft runs on the generic path (every linear
 layer int8, transformers' forward), not the lean forward smollm2's self-draft uses.

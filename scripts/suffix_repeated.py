@@ -7,7 +7,7 @@ Reported per workload and mode, over the repeats only: tokens per target step (a
 length, bonus included), tok/s (tokens / wall time of the repeats) and the ratio to plain.
 Writes OUT/repeated.json and prints a table:
 
-    .venv/bin/python scripts/suffix_repeated.py --threads 2 --out docs/bench_repeated
+    .venv/bin/python scripts/suffix_repeated.py --threads 2 --out docs/runs/bench_repeated
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ length can do here, because the drafter itself costs nothing. Run a second time 
 head drafting first (its features filled by the engine, its proposals computed and discarded)
 it gives the ceiling of that head: the speed it would reach if it drafted as well as `a`.
 
-    python -m exactspec.bench.ceiling --head smollm2-135m --threads 2 --out docs/ceiling.json
+    python -m exactspec.bench.ceiling --head smollm2-135m --threads 2 --out docs/runs/ceiling.json
 
 Batch 1, the first `--prompts` held-out prompts, every configuration interleaved with plain
 decoding prompt by prompt; tokens/s = tokens / wall time summed over prompts. Temperature does

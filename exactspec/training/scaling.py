@@ -1,7 +1,7 @@
 """Held-out alpha of a draft head against the amount of training data and of training steps.
 
     python -m exactspec.training.scaling OUT --steps 300 --fractions 0.0625,0.25,1 \\
-        --out docs/head_scaling.json
+        --out docs/runs/head_scaling.json
     python -m exactspec.training.scaling OUT --steps 300,600 --fractions 1
 
 OUT is a `train-draft` output directory: its `data/train` and `data/heldout` are reused, nothing
