@@ -74,9 +74,11 @@ def test_each_row_follows_its_own_params(models, method):
         assert result.dof > 30 and not result.rejected, (params, result)
 
 
-def _first_rows_params(logits, params, prev_tokens=None, prompt_len=None, groups=None):
+def _first_rows_params(logits, params, prev_tokens=None, prompt_len=None, groups=None,
+                       allowed=None):
     """Wrong: every row standardized with the first row's parameters."""
-    return probs_from_logits_rows(logits, [params[0]] * len(params), prev_tokens, prompt_len)
+    return probs_from_logits_rows(logits, [params[0]] * len(params), prev_tokens, prompt_len,
+                                  allowed=allowed)
 
 
 def test_one_law_for_every_row_is_caught(models, monkeypatch):
