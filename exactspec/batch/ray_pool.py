@@ -12,6 +12,7 @@ place, up to `max_failures` times in a job.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import re
@@ -28,6 +29,16 @@ log = logging.getLogger(__name__)
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*: ")  # "exactspec.errors.MissingFile: ..."
 LOCAL_START_ATTEMPTS = 3  # a loaded machine can make a local Ray node miss its start-up window
+
+
+RAY_MISSING = ("{what} runs on Ray, an optional dependency: pip install 'exactspec[ray]' "
+               "(`make test` installs it)")
+
+
+def require_ray(what: str) -> None:
+    """Raise InvalidValue naming the install when Ray is not installed."""
+    if importlib.util.find_spec("ray") is None:
+        raise InvalidValue(RAY_MISSING.format(what=what))
 
 
 def start_local_ray(num_cpus: int) -> None:

@@ -218,7 +218,10 @@ def limits(args):
 
 def _replicas(args, verify, has_drafter: bool) -> int:
     """`--replicas N`: N engines behind one endpoint on Ray Serve (exactspec/serve/replicas.py)."""
+    from exactspec.batch.ray_pool import require_ray
     from exactspec.serve import EngineConfig, ServerConfig
+
+    require_ray("exactspec serve --replicas")
     from exactspec.serve.replicas import ReplicaSpec, serve_replicas
 
     config = ServerConfig(

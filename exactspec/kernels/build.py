@@ -86,16 +86,23 @@ def _build(verbose: bool) -> Path:
     out = build_dir() / name
     out.mkdir(parents=True, exist_ok=True)
     cxx = os.environ.get("CXX", "c++")
-    objects = []
+    objects, jobs = [], []  # the ISA units compile side by side (each is one process)
     for unit, flags in ISA_FLAGS.items():
         obj = out / f"isa_{unit}.o"
         if not obj.is_file():
             tmp = obj.with_suffix(f".{os.getpid()}.tmp")
             cmd = [cxx, *COMMON, *flags, "-c", str(CSRC / f"isa_{unit}.cpp"), "-o", str(tmp)]
             log.info("compiling %s", " ".join(cmd))
-            subprocess.run(cmd, check=True)
-            tmp.replace(obj)
+            jobs.append((subprocess.Popen(cmd), cmd, tmp, obj))
         objects.append(str(obj))
+    failed = None
+    for proc, cmd, tmp, obj in jobs:
+        if proc.wait() != 0:
+            failed = failed or subprocess.CalledProcessError(proc.returncode, cmd)
+        else:
+            tmp.replace(obj)
+    if failed is not None:
+        raise failed
     cpp_extension.load(name=name, sources=[str(CSRC / f) for f in OPS_SOURCES],
                        extra_cflags=OPS_FLAGS,
                        extra_ldflags=[*objects, "-fopenmp"], build_directory=str(out),
