@@ -8,10 +8,15 @@ is reduced in one fixed order, whoever computes it), so the count can change fro
 to the next without changing any output. `Governor` does that: per kind of forward (which
 forward, rows and width, rounded up to powers of two) it keeps the measured seconds of each
 candidate count (torch's thread count, and fewer), runs the cheapest, and measures the others
-again now and then: after 8 forwards at first, twice as long each time that confirms the
-choice (up to 256), 8 again after it changed it. So a busy core is given up within a few
-forwards and taken back within ~256 when it frees, at a cost of one forward at the other count
-per 256 on an idle machine.
+again now and then: the first 2 forwards of a kind run at torch's count, then each other count
+once; after that every 32 forwards, twice as long each time that confirms the choice (up to
+512), 32 again after it changed, and never so often that trying a dearer count takes more
+than 3% of the time (2 threads 10x dearer than 1 with a core taken: once per ~300 forwards). The count in use is smoothed over its last few forwards, so a
+core taken by another process is given up within a few forwards, and taken back within ~512
+when it frees. Only decode and verify forwards (rows x width <= 64) are governed; a prefill
+runs at torch's count (its kinds are many and each is long, so trying another count is dear).
+On an idle machine the cost is the forwards tried at another count: 3-6% of a 48-96 token
+bench run with re-measures every 8 forwards, before these waits (docs/performance.md).
 
 Only forwards on our kernels are governed (`TargetAdapter` asks): torch's own operators may
 give other bits at another thread count. The count is set for the forward and restored after
@@ -31,7 +36,9 @@ from dataclasses import dataclass, field
 import torch
 
 ENV = "EXACTSPEC_ADAPTIVE_THREADS"  # "0": every forward at torch's thread count
-FIRST_WAIT, MAX_WAIT = 8, 256  # forwards between re-measures of the counts not in use
+WARM = 2  # forwards of a kind at torch's count before another count is tried
+FIRST_WAIT, MAX_WAIT = 32, 512  # forwards between re-measures of the counts not in use
+BUDGET = 0.03  # the most of a run's time the re-measures of dearer counts may take
 SMOOTH = 0.3  # weight of a new measurement of the count in use (the others: replaced)
 
 
@@ -56,6 +63,7 @@ class _Kind:
     age: dict[int, int] = field(default_factory=dict)  # threads -> forwards since measured
     wait: int = FIRST_WAIT  # forwards before the counts not in use are measured again
     best: int | None = None  # the count in use
+    seen: int = 0  # forwards recorded
 
 
 class Governor:
@@ -71,17 +79,28 @@ class Governor:
         with self._lock:
             kind = self.kinds.setdefault(key, _Kind())
             counts = candidates(most)
-            for n in counts:  # every count measured once, the user's first
+            if kind.seen < WARM:  # the first forwards (lazy set-up) at the user's count
+                return most
+            for n in counts:  # then every other count measured once
                 if n not in kind.cost:
                     return n
             best = kind.best if kind.best in counts else min(counts, key=kind.cost.__getitem__)
-            stale = [n for n in counts if n != best and kind.age.get(n, 0) >= kind.wait]
+            stale = [n for n in counts if n != best and kind.age.get(n, 0) >= self.wait(kind, n, best)]
             return stale[0] if stale else best
+
+    @staticmethod
+    def wait(kind: _Kind, n: int, best: int) -> float:
+        """Forwards before count n is measured again: the kind's wait, and at least as many as
+        keep the re-measures' extra time under BUDGET of the run (a count 10x dearer than the
+        one in use, as 2 threads with a core taken, is tried once per ~300 forwards)."""
+        extra = kind.cost[n] / max(kind.cost[best], 1e-12) - 1.0  # per re-measure
+        return max(kind.wait, extra / BUDGET)
 
     def record(self, key: tuple, most: int, threads: int, seconds: float) -> None:
         """A forward of kind `key` took `seconds` at `threads`."""
         with self._lock:
             kind = self.kinds.setdefault(key, _Kind())
+            kind.seen += 1
             before = kind.best
             measured = all(n in kind.cost for n in candidates(most))  # not a first measure
             if threads == kind.best and threads in kind.cost:

@@ -29,11 +29,14 @@ _SUPPORTED_ATTENTION = ("eager", "sdpa")
 __all__ = ["LeanLlama", "SlotCache", "TargetAdapter", "lean_forward_for", "unwrap_model"]
 
 
+GOVERNED_TOKENS = 64  # forwards of at most this many tokens (decode, verify) are governed
+
+
 def governed(lean: LeanLlama, rows: int, width: int):
     """The context a lean forward runs in: on our kernels, at the thread count the forwards of
     its kind measure fastest (kernels/threads.py: the bits do not depend on it); on torch's
     operators, at torch's count (theirs may)."""
-    if not lean.kernels:
+    if not lean.kernels or rows * width > GOVERNED_TOKENS:  # prefills: torch's count
         return contextlib.nullcontext()
     return GOVERNOR.run((("lean", id(lean)), rows, width))
 

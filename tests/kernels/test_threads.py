@@ -8,7 +8,7 @@ import torch
 
 import exactspec as es
 from exactspec.kernels import threads
-from exactspec.kernels.threads import FIRST_WAIT, MAX_WAIT, Governor, candidates
+from exactspec.kernels.threads import FIRST_WAIT, MAX_WAIT, WARM, Governor, candidates
 from exactspec.sampling import SamplingParams
 from tests.engine.tiny import tiny_model
 
@@ -37,16 +37,16 @@ def test_candidates_halve_down_to_one():
     assert candidates(6) == [6, 3, 1] and candidates(1) == [1]
 
 
-def test_each_count_is_measured_once_then_the_cheapest_runs():
+def test_each_count_is_measured_once_after_the_warm_up_then_the_cheapest_runs():
     gov = Governor()
-    chosen = _feed(gov, {2: 1.0, 1: 1.8}, 6)
-    assert chosen == [2, 1, 2, 2, 2, 2]
+    chosen = _feed(gov, {2: 1.0, 1: 1.8}, WARM + 5)
+    assert chosen == [2] * WARM + [1, 2, 2, 2, 2]
 
 
 def test_a_busy_core_is_given_up_within_a_few_forwards_and_taken_back_when_it_frees():
     gov = Governor()
     idle, busy = {2: 1.0, 1: 1.8}, {2: 10.0, 1: 1.9}
-    _feed(gov, idle, 2 + 3 * FIRST_WAIT)
+    _feed(gov, idle, WARM + 1 + 3 * FIRST_WAIT)
     chosen = _feed(gov, busy, 8)
     assert chosen[-4:] == [1, 1, 1, 1], chosen  # the smoothed cost of 2 passed 1's in a few
     back = _feed(gov, idle, MAX_WAIT + 2)
@@ -55,7 +55,7 @@ def test_a_busy_core_is_given_up_within_a_few_forwards_and_taken_back_when_it_fr
 
 def test_the_re_measure_interval_doubles_while_it_confirms_and_resets_on_a_change():
     gov = Governor()
-    _feed(gov, {2: 1.0, 1: 1.8}, 2)
+    _feed(gov, {2: 1.0, 1: 1.8}, WARM + 1)
     waits = []
     for _ in range(4):
         _feed(gov, {2: 1.0, 1: 1.8}, gov.kinds[KEY].wait + 1)
