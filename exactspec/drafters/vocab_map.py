@@ -20,7 +20,7 @@ _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
 @lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
+def byte_decoder() -> dict[str, int]:
     """GPT-2's printable-character alphabet for bytes, inverted (char -> byte)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
         list(range(ord("®"), ord("ÿ") + 1))
@@ -53,7 +53,7 @@ def token_bytes(tokenizer) -> list[bytes | None]:
     byte_level = "ByteLevel" in kinds
     metaspace = "Metaspace" in kinds or "Replace" in kinds
     fallback = "ByteFallback" in kinds
-    table = _byte_decoder()
+    table = byte_decoder()
     out: list[bytes | None] = [None] * (max(vocab.values(), default=-1) + 1)
     for piece, i in vocab.items():
         if i in special:

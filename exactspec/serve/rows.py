@@ -10,8 +10,9 @@ that could still be the start of a stop string are held back too, as `es.stream`
 
 from __future__ import annotations
 
-import functools
 import re
+
+from exactspec.drafters.vocab_map import byte_decoder
 
 _HEX_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # sentencepiece's byte-fallback tokens
 _BYTE_LEVEL: dict[int, tuple[object, bool]] = {}  # id(tokenizer) -> (it, byte-level or not)
@@ -75,8 +76,8 @@ def token_bytes(tokenizer, tid: int) -> bytes:
     other token its decoded text's UTF-8."""
     piece = tokenizer.convert_ids_to_tokens(tid)
     if isinstance(piece, str):
-        if _byte_level(tokenizer) and all(c in _byte_decoder() for c in piece):
-            return bytes(_byte_decoder()[c] for c in piece)
+        if _byte_level(tokenizer) and all(c in byte_decoder() for c in piece):
+            return bytes(byte_decoder()[c] for c in piece)
         m = _HEX_BYTE.fullmatch(piece)
         if m:
             return bytes([int(m.group(1), 16)])
@@ -94,16 +95,3 @@ def _byte_level(tokenizer) -> bool:
                                               and "ByteLevel" in repr(decoder))
     return known[1]
 
-
-@functools.cache
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte alphabet inverted: the character that spells each byte -> the byte."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    chars, n = list(keep), 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(keep, chars, strict=True)}

@@ -53,9 +53,9 @@ def contrarian(model: LlamaForCausalLM) -> LlamaForCausalLM:
     return other
 
 
-def char_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per character of ALPHABET; id 0 is <eos>."""
-    vocab = {"<eos>": 0, **{c: i + 1 for i, c in enumerate(ALPHABET)}}
+def char_tokenizer(alphabet: str = ALPHABET) -> PreTrainedTokenizerFast:
+    """One token per character of `alphabet` (ALPHABET by default); id 0 is <eos>."""
+    vocab = {"<eos>": 0, **{c: i + 1 for i, c in enumerate(alphabet)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tok.decoder = decoders.Fuse()

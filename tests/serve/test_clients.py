@@ -12,7 +12,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 import exactspec as es
-from exactspec.serve.rows import RowText, _byte_decoder, drop_partial, token_bytes
+from exactspec.drafters.vocab_map import byte_decoder
+from exactspec.serve.rows import RowText, drop_partial, token_bytes
 from tests.engine.tiny import tiny_model
 from tests.serve.conftest import NAME, client, start
 
@@ -143,7 +144,7 @@ def test_models_retrieve_and_tokenize(server, tiny):
 
 def _byte_tokenizer() -> PreTrainedTokenizerFast:
     """Byte-level BPE with no merges: one token per byte (a character may span tokens)."""
-    vocab = {ch: b for ch, b in _byte_decoder().items()}
+    vocab = {ch: b for ch, b in byte_decoder().items()}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

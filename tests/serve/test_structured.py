@@ -14,14 +14,13 @@ from typing import Literal
 import httpx
 import jsonschema
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 import exactspec as es
 from exactspec.models.loading import Model
 from exactspec.serve.fields import ApiError
 from exactspec.serve.structured import ForcedTool, structured, tool_call_reply
-from tests.engine.tiny import tiny_llama
+from tests.engine.tiny import char_tokenizer, tiny_llama
 from tests.serve.conftest import NAME, client, start
 
 openai = pytest.importorskip("openai")
@@ -40,11 +39,7 @@ SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "shirt", "schema
 
 
 def json_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {"<eos>": 0, **{c: i + 1 for i, c in enumerate(ALPHA)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    return char_tokenizer(ALPHA)
 
 
 @pytest.fixture(scope="module")
