@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 60  # seconds for one nested run (a whole one takes ~5-10 s)
 CRASHING = """
 import os, signal
 def test_before(): pass
@@ -25,11 +27,17 @@ def _run(tmp_path: Path, plugin: bool) -> str:
     (tmp_path / "conftest.py").write_text(
         'pytest_plugins = ["tests.crash_safe"]\n' if plugin else "")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile",
-         "-p", "no:cacheprovider", "-p", "no:randomly", "-o", "addopts=", str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
-    return out.stdout + out.stderr
+         "--max-worker-restart", "4", "-p", "no:cacheprovider", "-p", "no:randomly",
+         "-o", "addopts=", str(tmp_path)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        return proc.communicate(timeout=TIMEOUT)[0]
+    except subprocess.TimeoutExpired:  # xdist's own scheduler can also hang after the crash
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.communicate()[0] + f"\n(timed out after {TIMEOUT} s)"
 
 
 def test_a_crash_fails_its_test_and_every_other_test_runs(tmp_path):
@@ -41,6 +49,6 @@ def test_a_crash_fails_its_test_and_every_other_test_runs(tmp_path):
 
 def test_without_the_scheduler_a_crash_ends_the_run(tmp_path):
     """The wrong variant, xdist's own loadfile scheduler: the crashed test runs again on every
-    replacement worker and the run ends without the rest (or with an INTERNALERROR)."""
+    replacement worker and the run ends without the rest, with an INTERNALERROR, or hangs."""
     out = _run(tmp_path, plugin=False)
     assert "2 failed, 8 passed" not in out, out[-3000:]

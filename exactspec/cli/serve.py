@@ -118,6 +118,11 @@ def add(sub) -> None:
                    "only at temperature 0: other requests are refused with 400), or the opt-in "
                    "lossy rules lenient:L / typical:EPS (a warning is printed at start-up and "
                    "every response says lossless: false); needs a drafter")
+    p.add_argument("--seeded-verify", choices=("coupled", "method"), default="coupled",
+                   help="how a request with a seed is verified: coupled (the default: its text "
+                   "is plain decoding's for that seed, whatever the draft length, with or "
+                   "without speculation) or method (--verify, as unseeded requests: more drafts "
+                   "accepted at high temperature, the text then depends on the draft length)")
     p.add_argument("--logprobs-mode", choices=("raw", "processed"), default="raw",
                    help="the law logprobs report unless a request's logprobs_mode says "
                    "otherwise: raw (the default: the model's own, before temperature, "
@@ -188,7 +193,7 @@ def run(args) -> int:
         engine=EngineConfig(max_batch=args.max_batch, max_queue=args.max_queue,
                             num_draft_tokens=value_or(args, "num_draft_tokens", "auto")
                             if has_drafter else 0, verify=verify,
-                            logprobs_mode=args.logprobs_mode))
+                            logprobs_mode=args.logprobs_mode, seeded_verify=args.seeded_verify))
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.engine_in_process or (has_drafter and args.verify is not None):
@@ -230,7 +235,7 @@ def _replicas(args, verify, has_drafter: bool) -> int:
         engine=EngineConfig(max_batch=args.max_batch, max_queue=args.max_queue,
                             num_draft_tokens=value_or(args, "num_draft_tokens", "auto")
                             if has_drafter else 0, verify=verify,
-                            logprobs_mode=args.logprobs_mode))
+                            logprobs_mode=args.logprobs_mode, seeded_verify=args.seeded_verify))
     spec = ReplicaSpec(model=args.model, drafter=drafter_choice(args), config=config,
                        threads=args.threads,
                        host="127.0.0.1" if args.ray is None else None)

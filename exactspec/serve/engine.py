@@ -67,6 +67,10 @@ class EngineConfig:
     # temperature, top-k/p and penalties: OpenAI's and vLLM's) or "processed" (the law each
     # token was drawn from, what an RL trainer needs)
     logprobs_mode: str = "raw"
+    # how a seeded request is verified: "coupled" (its text is plain decoding's for the seed, at
+    # any draft length, with or without the drafter; fewer drafts accepted at high temperature)
+    # or "method" (the `verify` method, as unseeded requests: the text then depends on K)
+    seeded_verify: str = "coupled"
 
 
 class ServingEngine:
@@ -88,8 +92,12 @@ class ServingEngine:
         # at any K, with or without the drafter) under the exact chain methods; a tree
         # drafter, a lossy or greedy-only rule or a callable verify keep their own rule
         verify = self.config.verify
-        self.seeds_coupled = (not callable(verify) and parse_method(verify).name in (
-            "token", "block", "coupled") and getattr(drafter, "tree", None) is None)
+        if self.config.seeded_verify not in ("coupled", "method"):
+            raise ValueError(f"seeded_verify={self.config.seeded_verify!r} must be 'coupled' or "
+                             "'method'")
+        self.seeds_coupled = (self.config.seeded_verify == "coupled" and not callable(verify)
+                              and parse_method(verify).name in ("token", "block", "coupled")
+                              and getattr(drafter, "tree", None) is None)
         self.grammar_refused = grammar_refusal(drafter, verify)  # why no grammar is served
         self._grammar_errors: dict = {}  # Grammar -> why this tokenizer cannot write it ("")
 

@@ -106,13 +106,16 @@ def _server(world, **engine):
                          **engine})
 
 
-@pytest.mark.parametrize("k", [K, "auto"])
-def test_concurrent_requests_follow_the_target_law(world, penalised_law, k):
+@pytest.mark.parametrize(("k", "seeded"), [(K, "method"), ("auto", "method"), (K, "coupled")])
+def test_concurrent_requests_follow_the_target_law(world, penalised_law, k, seeded):
     """FILTERED and PENALISED requests interleaved: rows of both laws share decode steps, each
     standardized with its own parameters, and each law passes on its own; with a fixed K and
     with the serving default, the draft length chosen per step from measured costs (K = 0
-    included), rows admitted into running batches without re-prefilling the others."""
-    with _server(world, num_draft_tokens=k) as srv:
+    included), rows admitted into running batches without re-prefilling the others. The
+    requests are seeded (reproducible counts): verified by the server's method (token), and
+    coupled, the default for seeded requests (at a fixed K: coupled accepts fewer drafts, and
+    under auto K the policy may then draft none)."""
+    with _server(world, num_draft_tokens=k, seeded_verify=seeded) as srv:
         filtered, penalised = _counts(srv, REQUESTS, REQUESTS // 2)
         accepted = srv.app.state.metrics.accepted_tokens
         peak = srv.app.state.metrics.peak_batch_rows
