@@ -77,7 +77,8 @@ def _cpu_id() -> str:
 
 
 def cpu_has_amx() -> bool:
-    return " amx_int8" in _cpu_id() or " amx_tile" in _cpu_id()
+    cpu = _cpu_id()  # /proc/cpuinfo read once
+    return " amx_int8" in cpu or " amx_tile" in cpu
 
 
 def _verdict_path(lib_dir: Path) -> Path:
