@@ -44,7 +44,7 @@ _LAZY: dict[str, str] = {
     "SuffixDrafter": "exactspec.drafters",
     "TargetInfo": "exactspec.drafters",
     "load_drafter": "exactspec.drafters",
-    "Engine": "exactspec.engine.session",
+    "Engine": "exactspec.engine.engine",
     "Generation": "exactspec.engine",
     "GenerationStats": "exactspec.engine",
     "TextStream": "exactspec.engine",

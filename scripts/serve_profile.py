@@ -24,7 +24,7 @@ import time
 import torch
 
 import exactspec as es
-from exactspec.engine.loop import DecodeConfig, Decoder
+from exactspec.engine.decoder import DecodeConfig, Decoder
 from exactspec.sampling import RowStreams, SamplingParams
 from exactspec.serve.bench import bench_prompts
 
@@ -56,16 +56,15 @@ def decoder(model, drafter, k) -> Decoder:
                        verify="token", return_logprobs=True, eos_token_ids=model.eos_token_ids,
                        stop=[], tokenizer=model.tokenizer)
     dec = Decoder(model, drafter, cfg, on_fault="plain")
-    b = dec.batch
-    timed(b.target, "extend", "target forward (extend)")
-    timed(b.target, "prefill", "target prefill")
-    timed(b.target, "select", "target select (rows left)")
+    timed(dec.target, "extend", "target forward (extend)")
+    timed(dec.target, "prefill", "target prefill")
+    timed(dec.target, "select", "target select (rows left)")
     if drafter is not None:
-        timed(b.drafter, "propose", "draft propose")
-        timed(b.drafter, "admit", "draft admit")
-        timed(b.drafter, "begin", "draft begin")
-        timed(b.policy, "choose", "policy choose")
-        timed(b.drafter, "select", "draft select (rows left)")
+        timed(dec.draft.drafter, "propose", "draft propose")
+        timed(dec.draft.drafter, "admit", "draft admit")
+        timed(dec.draft.drafter, "begin", "draft begin")
+        timed(dec.policy, "choose", "policy choose")
+        timed(dec.draft.drafter, "select", "draft select (rows left)")
     return dec
 
 
@@ -118,8 +117,8 @@ def run(dec, prompts, streams, requests, max_tokens, temperature):
     t0 = time.perf_counter()
     step_s = 0.0
     while pending or dec.rows:
-        instrument_gguf(dec.batch.drafter)
-        instrument_torch_draft(dec.batch.drafter)
+        instrument_gguf(dec.draft.drafter)
+        instrument_torch_draft(dec.draft.drafter)
         rows = []
         for s in pending:
             i = requests * s + (requests - left[s])
@@ -180,7 +179,7 @@ def main() -> None:
                 COUNTS.clear()
                 tokens, wall, steps, step_s, ks = run(decs[name], prompts, c, a.requests,
                                                       a.max_tokens, a.temperature)
-                pol = decs[name].batch.policy
+                pol = decs[name].policy
                 print(f"== {c} streams, {name} ({getattr(d, 'backend', '')}): {tokens} tokens "
                       f"in {wall:.2f} s = {tokens / wall:.1f} tok/s, {steps} steps, step() "
                       f"{step_s:.2f} s, row-steps by tokens gained {sorted(ks.items())}; "

@@ -24,7 +24,7 @@ from exactspec.batch.output import OutputFile, job_file
 from exactspec.batch.paths import check_job_paths
 from exactspec.batch.rows import BadRow, InputRow, read_rows, row_params, row_seed
 from exactspec.batch.work import EngineSpec, Task, Worker
-from exactspec.engine.session import Engine
+from exactspec.engine.engine import Engine
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.models.loading import progress_off
 from exactspec.sampling import SamplingParams

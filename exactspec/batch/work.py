@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from exactspec.batch.rows import InputRow
 from exactspec.drafters.registry import DrafterSpec, build
 from exactspec.drafters.tree_shape import parse_tree
-from exactspec.engine.session import Engine
+from exactspec.engine.engine import Engine
 from exactspec.errors import InvalidValue
 from exactspec.models.loading import Model
 from exactspec.sampling import SamplingParams

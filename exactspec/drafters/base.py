@@ -28,6 +28,13 @@ draws its own token there with, so a draft equal to the target's draw is kept. A
 draws otherwise stays exact under every method; under coupled verification it is only accepted
 less often.
 
+Optional parts, each read through one function here: `admit` (above; `admit_rows`),
+`standardized_q` (`trusts_q`), and `lags_behind` (`lags_behind`): whether rows the drafter does
+not draft for fall behind in its own state, to be caught up when they next draft (the
+draft-length policy charges that catch-up); a drafter without it is taken to lag. A drafter that
+keeps a cache fills new rows' prompts into it at once only under `prefills_at_once` (the policy
+assumes the same rule for the lag it counts).
+
 Every drafter declares `hidden_layers`: None when it needs no target features, else a tuple of
 indices into transformers' `hidden_states` (EAGLE-style heads); the engine then fills
 `DraftContext.hidden` from the target's own prefill and verification forwards, at no extra cost.
@@ -69,9 +76,9 @@ from exactspec.sampling.history import history as token_history
 from exactspec.sampling.history import prefix_history
 from exactspec.sampling.standardize import probs_from_logits_rows
 
-__all__ = ["AdmitsRows", "DraftContext", "Drafter", "TargetInfo", "TokenMasks", "TreeDrafter",
-           "TreeSpec",
-           "admit_rows", "empty_proposal", "history", "prefix_history", "rows_of", "trusts_q"]
+__all__ = ["AdmitsRows", "DraftContext", "Drafter", "ReportsLag", "TargetInfo", "TokenMasks",
+           "TreeDrafter", "TreeSpec", "admit_rows", "empty_proposal", "history", "lags_behind",
+           "prefills_at_once", "prefix_history", "rows_of", "trusts_q"]
 
 
 @dataclass
@@ -261,6 +268,29 @@ def admit_rows(drafter, context: DraftContext, target: TargetInfo, start: int) -
         drafter.begin(context, target)
     else:
         drafter.admit(context, target, start)
+
+
+@runtime_checkable
+class ReportsLag(Protocol):
+    """Optional beside `Drafter`: whether rows it does not draft for fall behind (see the module
+    docstring). A drafter that reads the target's own cache says False."""
+
+    @property
+    def lags_behind(self) -> bool:
+        """True: a row that decoded without drafts is caught up when it next drafts."""
+
+
+def lags_behind(drafter) -> bool:
+    """Whether `drafter` falls behind on the rows it does not draft for: its `lags_behind`, or
+    True for a drafter that does not say."""
+    return drafter.lags_behind if isinstance(drafter, ReportsLag) else True
+
+
+def prefills_at_once(drafted_rows: int | None, rows: int) -> bool:
+    """Whether a drafter fills new rows' prompts into its cache at admission: only if its
+    latest step drafted for at least half the `rows` the batch then has (else the prompts are
+    fed when the rows first draft). The draft-length policy assumes the same rule."""
+    return drafted_rows is not None and 2 * drafted_rows >= rows
 
 
 def rows_of(context: DraftContext, start: int | torch.Tensor) -> DraftContext:

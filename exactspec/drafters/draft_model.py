@@ -6,7 +6,13 @@ from types import SimpleNamespace
 
 import torch
 
-from exactspec.drafters.base import DraftContext, TargetInfo, empty_proposal, rows_of
+from exactspec.drafters.base import (
+    DraftContext,
+    TargetInfo,
+    empty_proposal,
+    prefills_at_once,
+    rows_of,
+)
 from exactspec.drafters.tree_draft import draft_model_tree
 from exactspec.drafters.tree_shape import check_tree
 from exactspec.errors import InvalidValue
@@ -23,13 +29,6 @@ CROSS_VOCAB = ("for a draft with another tokenizer use es.CrossVocabDraft(model)
 # (a row admitted unfed catches up its whole context: [B, W, V] logits for W = 1,000 and
 # B = 16 would be 3 GB)
 LONG_CATCH_UP = 16
-
-
-def prefills_at_once(drafted_rows: int | None, rows: int) -> bool:
-    """Whether a drafter fills new rows' prompts into its cache at admission: only if its
-    latest step drafted for at least half the `rows` the batch then has (else the prompts are
-    fed when the rows first draft). The draft-length policy assumes the same rule."""
-    return drafted_rows is not None and 2 * drafted_rows >= rows
 
 
 class DraftModel:

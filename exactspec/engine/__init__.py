@@ -3,21 +3,25 @@
 `Decoder` is the engine's one boundary: `generate`, `batch` and the server admit rows (each
 with its own budget, stop rule and sampling parameters), step them and drop them through it.
 
-api.py        `generate` and `stream`; arguments.py validates their arguments
-loop.py       `Decoder`: admit / step / drop; batch.py: `BatchState`, every per-row tensor
+api.py        `generate` and `stream` (their defaults, `DEFAULTS`); arguments.py validates
+              their arguments and parses `verify` once
+decoder.py    `Decoder`: admit / step / drop; it builds its parts once and hands them to the
+              step: rows.py `RowBatch` (the rows and their tensors), drafting.py `DraftSide`
+              (the drafter, its features and faults), verifier.py `Verifier` (each step's
+              verdict), policy.py `DraftLengthPolicy` (draft lengths, fixed or "auto"; plan.py:
+              its arithmetic, pure functions)
 step.py       one chain step: propose -> forward -> standardize -> verify -> commit
-tree_step.py  the same step for token trees
-policy.py     draft length, fixed or "auto" (curves.py: its cost curves); stopping.py: EOS,
-              stop strings, budgets
-results.py    `Generation` and its stats (mean acceptance length defined once)
-session.py    `Engine`: a long-lived engine for RL loops and batch jobs (`update_weights`)
-(docs/generate.md)
+tree_step.py  the same step for token trees; commit.py: a step's end, shared by both
+stopping.py   EOS, stop strings, budgets; grammar.py: the rows' grammar matchers
+results.py    `Generation` and its stats (mean acceptance length defined once, totals merged)
+engine.py     `Engine`: a long-lived engine for RL loops and batch jobs (`update_weights`)
+(docs/generate.md, docs/architecture.md)
 """
 
 from exactspec.engine.api import TextStream, generate, stream
-from exactspec.engine.batch import Row, RowOutput
-from exactspec.engine.loop import DecodeConfig, Decoder
+from exactspec.engine.decoder import DecodeConfig, Decoder
 from exactspec.engine.results import Generation, GenerationStats
+from exactspec.engine.rows import Row, RowOutput
 
 __all__ = ["DecodeConfig", "Decoder", "Generation", "GenerationStats", "Row", "RowOutput",
            "TextStream", "generate", "stream"]

@@ -6,6 +6,7 @@ import logging
 import secrets
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
 
 from tqdm.auto import tqdm
 
@@ -24,17 +25,38 @@ from exactspec.engine.arguments import (
     row_grammars,
     row_params,
 )
-from exactspec.engine.loop import DecodeConfig, Decoder, RowOutput, VerifyFn
+from exactspec.engine.decoder import DecodeConfig, Decoder, RowOutput, VerifyFn
 from exactspec.engine.results import Generation
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.invariant import is_batch_invariant, warn_if_uncovered
 from exactspec.models.loading import Model, as_target
-from exactspec.sampling import RowStreams, SamplingParams, is_lossless
+from exactspec.sampling import RowStreams, SamplingParams
 from exactspec.sampling.grammar import Grammar
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BATCH_SIZE = 64  # rows decoded together; larger batches are split into chunks
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """`generate`'s keyword defaults, written once: `generate`'s signature, `stream` and
+    `Engine` read them here."""
+
+    drafter: None = None  # plain autoregressive decoding
+    params: None = None  # SamplingParams(): temperature 1, a fresh seed
+    max_new_tokens: int = 128  # tokens per row at most
+    num_draft_tokens: int | str = 4  # K
+    verify: str = "token"  # the verify method
+    stop: None = None  # no stop string
+    return_logprobs: bool = False
+    batch_size: int = 64  # rows decoded together; larger batches are split into chunks
+    logprobs_mode: str = "processed"  # the law of logprobs: the standardized p
+    top_logprobs: int = 0  # no top alternatives
+    grammar: None = None  # unconstrained
+
+
+DEFAULTS = Defaults()
+DEFAULT_BATCH_SIZE = DEFAULTS.batch_size
 _PROGRESS_MIN_TOKENS = 2048  # show a progress bar when the token budget is at least this
 
 
@@ -42,17 +64,17 @@ def generate(
     target,
     prompts: str | Sequence[str] | Sequence[Sequence[int]],
     *,
-    drafter: Drafter | None = None,
-    params: SamplingParams | Sequence[SamplingParams] | None = None,
-    max_new_tokens: int = 128,
-    num_draft_tokens: int | str = 4,
-    verify: str | VerifyFn = "token",
-    stop: str | Sequence[str] | None = None,
-    return_logprobs: bool = False,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    logprobs_mode: str = "processed",
-    top_logprobs: int = 0,
-    grammar: Grammar | Sequence[Grammar | None] | None = None,
+    drafter: Drafter | None = DEFAULTS.drafter,
+    params: SamplingParams | Sequence[SamplingParams] | None = DEFAULTS.params,
+    max_new_tokens: int = DEFAULTS.max_new_tokens,
+    num_draft_tokens: int | str = DEFAULTS.num_draft_tokens,
+    verify: str | VerifyFn = DEFAULTS.verify,
+    stop: str | Sequence[str] | None = DEFAULTS.stop,
+    return_logprobs: bool = DEFAULTS.return_logprobs,
+    batch_size: int = DEFAULTS.batch_size,
+    logprobs_mode: str = DEFAULTS.logprobs_mode,
+    top_logprobs: int = DEFAULTS.top_logprobs,
+    grammar: Grammar | Sequence[Grammar | None] | None = DEFAULTS.grammar,
 ) -> list[Generation]:
     """Generate a continuation of every prompt, distributed exactly as the target alone would.
 
@@ -112,15 +134,11 @@ def stream(
 
 
 def _job_kwargs(kwargs: dict) -> dict:
-    allowed = ("drafter", "params", "max_new_tokens", "num_draft_tokens", "verify", "stop",
-               "return_logprobs", "batch_size", "logprobs_mode", "top_logprobs", "grammar")
-    unknown = sorted(set(kwargs) - set(allowed))
+    """`stream`'s keyword arguments over `generate`'s defaults."""
+    defaults = {f.name: getattr(DEFAULTS, f.name) for f in fields(DEFAULTS)}
+    unknown = sorted(set(kwargs) - set(defaults))
     if unknown:
         raise InvalidType(f"stream() got unexpected keyword arguments {unknown}")
-    defaults = dict(drafter=None, params=None, max_new_tokens=128, num_draft_tokens=4,
-                    verify="token", stop=None, return_logprobs=False,
-                    batch_size=DEFAULT_BATCH_SIZE, logprobs_mode="processed", top_logprobs=0,
-                    grammar=None)
     return {**defaults, **kwargs}
 
 
@@ -165,8 +183,8 @@ class _Job:
     """One validated generate() call: its rows, chunks, randomness and results."""
 
     def __init__(self, target, prompts, drafter, params, max_new_tokens, num_draft_tokens,
-                 verify, stop, return_logprobs, batch_size, logprobs_mode="processed",
-                 top_logprobs=0, grammar=None) -> None:
+                 verify, stop, return_logprobs, batch_size, logprobs_mode, top_logprobs,
+                 grammar) -> None:
         try:
             self.model: Model = as_target(target)
         except TypeError as e:
@@ -238,7 +256,7 @@ class _Job:
             logprobs=out.logprobs if self.cfg.return_logprobs else None,
             stats=out.stats,
             finish_reason=out.finish_reason or "length",
-            lossless=self.drafter is None or is_lossless(self.cfg.verify),
+            lossless=self.drafter is None or self.cfg.verify.lossless,
             top_logprobs=out.top if self.top_logprobs else None,
         )
 

@@ -8,13 +8,15 @@ model; the checks run before any prefill.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from exactspec.drafters.base import Drafter, TreeDrafter
+from exactspec.engine.verifier import Method, UserRule
 from exactspec.errors import InvalidType, InvalidValue
-from exactspec.sampling import SamplingParams, VerifyMethod, parse_method
+from exactspec.sampling import LOSSY_RULES, SamplingParams, VerifyMethod, parse_method
 from exactspec.sampling.grammar import Grammar
 from exactspec.sampling.logprobs import LOGPROBS_MODES
+from exactspec.sampling.methods import CHOICES, LossyRule
 
 log = logging.getLogger(__name__)
 
@@ -100,18 +102,32 @@ def check_layers(drafter: Drafter | None) -> tuple[int, ...] | None:
     return tuple(layers)
 
 
-def check_verify(verify, params: list[SamplingParams]) -> VerifyMethod | Callable:
-    """The verify method, parsed once (a callable passes through); refuses a method that is
-    not exact for some row's parameters and warns about a lossy one."""
-    if callable(verify):
+def parse_verify(verify) -> Method:
+    """The verify argument as the rule object the engine uses, parsed once: a method name or a
+    `VerifyMethod` (sampling/methods.py), or a user's callable with `exactspec.verify`'s
+    signature as a `UserRule`. Raises InvalidValue naming the choices for an unknown name."""
+    if isinstance(verify, VerifyMethod | UserRule):
         return verify
-    try:
-        method = parse_method(verify)
-    except InvalidValue as exc:
-        if str(exc).startswith("unknown verify method"):
-            raise InvalidValue(f"{exc}, or a callable with exactspec.verify's signature") from None
-        raise
-    if not method.lossless:
+    if callable(verify):
+        return UserRule(verify)
+    if isinstance(verify, str) and not _known(verify):
+        raise InvalidValue(f"unknown verify method: verify={verify!r}; choose one of "
+                           f"{', '.join(CHOICES)}, or a callable with exactspec.verify's "
+                           "signature")
+    return parse_method(verify)
+
+
+def _known(name: str) -> bool:
+    """Whether `name` names a method (its value, for "rule:value", not yet checked)."""
+    rule, sep, _ = name.partition(":")
+    return name in CHOICES or (bool(sep) and rule in LOSSY_RULES)
+
+
+def check_verify(verify, params: list[SamplingParams]) -> Method:
+    """The verify method, parsed once (`parse_verify`); refuses a method that is not exact
+    for some row's parameters and warns about a lossy one."""
+    method = parse_verify(verify)
+    if isinstance(method, LossyRule):
         log.warning("verify=%r is a LOSSY rule: the output is not distributed as the target's "
                     "(see `exactspec audit --lossy` for its drift)", method.name)
     if method.greedy_only:

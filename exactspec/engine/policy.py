@@ -5,13 +5,15 @@ from __future__ import annotations
 import collections
 import statistics
 import time
+from collections.abc import Iterable
 
 import torch
 
-from exactspec.drafters.draft_model import prefills_at_once
-from exactspec.engine.curves import outside_cost as _outside_cost
-from exactspec.engine.curves import per_rows as _per_rows
-from exactspec.engine.curves import verify_cost as _verify_cost
+from exactspec.drafters.base import prefills_at_once
+from exactspec.engine.plan import Plan, plan_lengths
+from exactspec.engine.plan import outside_cost as _outside_cost
+from exactspec.engine.plan import per_rows as _per_rows
+from exactspec.engine.plan import verify_cost as _verify_cost
 
 AUTO_MAX_DRAFT = 8  # the longest draft "auto" proposes
 AUTO_PROBE_EVERY = 8  # a batch that stopped drafting still drafts one token after this many steps
@@ -24,30 +26,19 @@ POOL_MAX = 256.0  # the pooled acceptance counts are scaled down past this many 
 # forward padded to the whole batch): exploring costs at most this share of the time
 PROBE_SHARE = 0.03
 # unmeasured, a caught-up token costs this many one-row draft positions (a batched feed, as a
-# prefill: smollm2-135m's int8 draft, 72 ms for a 50-token prompt, 11 ms per one-row position)
+# prefill; docs/performance.md, "The draft-length policy's measurements")
 CATCH_UP_PRIOR = 0.15
 # plain's cost at a row count is measured (one plain step) unless drafting's rate beats plain's
 # guessed rate by this factor (the guess would have to be that far off to turn the choice)
 PLAIN_MARGIN = 1.5
 # from this many rows a batch decodes plain until plain's step is measured near its row count
 # (within a quarter): a plain step loses nothing against plain serving, while guessing plain's
-# cost from a verify's (one point, half fixed) made it look 2x dearer at 64 rows than it was,
-# and drafting 64 rows ran at 0.55x plain's speed (es.generate, 64 rows x 64 tokens, 01:00 UTC)
+# cost from a verify's (one point, half fixed) made it look far dearer under load than it was
 PLAIN_FIRST_ROWS = 4
 # a drafting batch re-measures the next wider verify once its latest measurement is this many
 # choices old: a width is measured only while chosen, so one slow measurement (a busy machine,
-# a cold first call) kept wider drafts out for good (one stream: width 5 at 36.6 ms against
-# 24.3 ms at width 4, so K = 3 at alpha 0.999 for whole answers, 2026-12-02)
+# a cold first call) would keep wider drafts out for good
 AUTO_REFRESH = 32
-
-
-def expected_tokens(alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Tokens emitted per step with K drafts and per-token acceptance alpha (Leviathan eq. 1).
-
-    (1 - alpha^(K+1)) / (1 - alpha), the recovered / bonus token included.
-    """
-    alpha = alpha.clamp(0.0, 1.0 - 1e-6)
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
 class DraftLengthPolicy:
@@ -126,8 +117,7 @@ class DraftLengthPolicy:
         self._chosen: tuple[int, float] | None = None
         self.overhead = 0.0  # seconds a step spends outside the draft and the target forward
         # ... by (rows, verify width): verification and sampling grow with the positions (top-p
-        # sorts each: 0.21 s a step at 64 rows x 5, T=0.7 / top-p 0.9, charged to plain steps
-        # too when it was one number, which made drafting 64 rows look faster than plain)
+        # sorts each); one number for every width charged plain steps a wide verify's
         self.overheads: dict[tuple[int, int], float] = {}
         self._probe_step = False  # the step chosen last is a probe's
         self._probe_excess = 0.0  # seconds the current probe cost beyond plain steps so far
@@ -140,7 +130,7 @@ class DraftLengthPolicy:
         self._last = None
         self._excluded = 0.0  # seconds since the last choice that are no step's (admissions)
         # whether the drafter falls behind on rows it does not draft for (False: a drafter that
-        # reads the target's cache, DraftModel.lags_behind, never lags: no catch-up to charge)
+        # reads the target's cache never lags: no catch-up to charge); `drafter_lags` sets it
         self.lagging = True
 
     def alphas(self) -> torch.Tensor:  # [B] float64
@@ -160,87 +150,78 @@ class DraftLengthPolicy:
         self.steps += 1
         self._time_overhead()
         self._probe_step = False
+        want = self._before_costs(room, rows)
+        return self._note(want if want is not None else self._by_costs(room, rows))
+
+    def _before_costs(self, room: torch.Tensor, rows: int) -> torch.Tensor | None:  # [B]
+        """The lengths while the costs cannot decide (forced lengths; under load, plain until
+        plain is measured, then a probe until drafting is; the fixed length until both are
+        measured), or None when they can."""
+        b = room.shape[0]
         if self.forced:
-            return self._note(torch.minimum(torch.full((b,), self.forced.popleft()), room))
+            return torch.minimum(torch.full((b,), self.forced.popleft()), room)
         if self.auto and rows >= PLAIN_FIRST_ROWS and not self._plain_measured(rows):
-            return self._note(torch.zeros(b, dtype=torch.long))
+            return torch.zeros(b, dtype=torch.long)
         if self.auto and rows >= PLAIN_FIRST_ROWS and not self.draft_cost:
             # drafting unmeasured under load: one row drafts one token (a probe), not every
-            # row K (two such steps at 64 rows cost 3 s of a 14 s run)
-            return self._note(self._probe_row(room))
+            # row K (each such step is as dear as the whole batch drafting)
+            return self._probe_row(room)
         if not self.auto or not self.draft_cost or not self.target_cost:
-            return self._note(torch.minimum(torch.full((b,), self.fixed, dtype=torch.long), room))
+            return torch.minimum(torch.full((b,), self.fixed, dtype=torch.long), room)
         if not b:
-            return self._note(torch.zeros(0, dtype=torch.long))
-        alpha = self.alphas()  # [B]
-        ks = torch.arange(0, AUTO_MAX_DRAFT + 1, dtype=torch.long)  # [Kc]
-        # the rows that draft: the n most accepting (n = 1..B), each min(K, its room); the
-        # others draft nothing (a row accepting little is not worth its draft positions)
-        order = torch.argsort(alpha, descending=True, stable=True)  # [B]
-        per_row = torch.minimum(ks[None, :], room[order][:, None])  # [B, Kc] by acceptance
-        gain = expected_tokens(alpha[order][:, None], per_row.double()) - 1  # [B, Kc]
-        tokens_n = b + gain.cumsum(0)  # [B, Kc] tokens when the top n + 1 rows draft
-        width_n = per_row.cummax(0).values  # [B, Kc] shared draft positions K'
-        drafting_n = (per_row > 0).long().cumsum(0)  # [B, Kc] rows that draft
-        draft = self._draft_costs(b)  # [B + 1] seconds per draft position by rows drafting
-        verify = torch.tensor([self._target_cost(rows, w + 1) for w in range(AUTO_MAX_DRAFT + 1)],
-                              dtype=torch.float64)  # [Kc] by K'
-        outside = torch.tensor([self._overhead(rows, w + 1) for w in range(AUTO_MAX_DRAFT + 1)],
-                               dtype=torch.float64)  # [Kc] by K'
-        cost_n = width_n * draft[drafting_n] + verify[width_n] + outside[width_n]  # [B, Kc]
+            return torch.zeros(0, dtype=torch.long)
+        return None
+
+    def _by_costs(self, room: torch.Tensor, rows: int) -> torch.Tensor:  # [B] -> [B] long
+        """The lengths the measured costs choose (`plan_lengths`), with the exploration."""
+        kc = range(AUTO_MAX_DRAFT + 1)
         catch_up = self.catch_up_cost if self.catch_up_cost is not None \
             else CATCH_UP_PRIOR * self._draft_cost(1)
-        # catching the drafter up on the rows that draft, spread over the steps they keep
-        # drafting (the rows' mean room over the tokens a step emits)
-        lagging = ((per_row > 0).double() * self.lag.double()[order][:, None]).cumsum(0)
-        horizon = (room.double().mean() * b / tokens_n).clamp(min=1.0)  # [B, Kc] steps
-        cost_n = cost_n + catch_up * lagging / horizon
-        best = (tokens_n / cost_n).argmax(0)  # [Kc] top rows drafting (n - 1) at each K
-        tokens = tokens_n.gather(0, best[None]).squeeze(0)  # [Kc]
-        cost = cost_n.gather(0, best[None]).squeeze(0)  # [Kc]
-        width = width_n.gather(0, best[None]).squeeze(0)  # [Kc]
+        plan = plan_lengths(
+            self.alphas(), room, self.lag, self._draft_costs(room.shape[0]),
+            torch.tensor([self._target_cost(rows, w + 1) for w in kc], dtype=torch.float64),
+            torch.tensor([self._overhead(rows, w + 1) for w in kc], dtype=torch.float64),
+            catch_up)
+        k = plan.best
+        if k == 0:
+            return self._plain_or_probe(plan, room, rows)
+        return plan.lengths(self._explore(plan, k, rows))
 
-        def lengths(k: int) -> torch.Tensor:  # [B] long: each row's drafts at K = k
-            want = torch.zeros(b, dtype=torch.long)
-            top = order[: int(best[k]) + 1]
-            want[top] = per_row[: int(best[k]) + 1, k]
-            return want
-
-        k = int((tokens / cost).argmax())
-        if k == 0 and self._probing:  # a probe's second step: the one whose cost counts
+    def _plain_or_probe(self, plan: Plan, room: torch.Tensor, rows: int) -> torch.Tensor:
+        """K = 0 wins: plain decoding, or a probe (one row drafts one token) when one is due."""
+        if self._probing:  # a probe's second step: the one whose cost counts
             self._probing -= 1
             self._probe_step = True
-            return self._note(self._probe_row(room))
+            return self._probe_row(room)
         # could drafting win here at all: every drafting row accepting every draft (alpha 1)?
-        # If not, a probe cannot turn the choice (16 rows on 2 cores: the wider verify alone
-        # costs more than it could emit) and none is taken
-        ceiling = float(((b + per_row.double().cumsum(0)) / cost_n)[:, 1:].max()) \
-            if per_row.shape[1] > 1 else 0.0
-        if k == 0 and ceiling <= float(tokens[0] / cost[0]):
-            return self._note(torch.zeros(b, dtype=torch.long))
-        if k == 0:
-            self._since_probe += 1
-            plain = self._since_probe * (self._target_cost(rows, 1) + self._overhead(rows, 1))
-            if self._since_probe >= self.probe and plain * PROBE_SHARE >= self._probe_cost:
-                self._since_probe = 0  # a probe: one row drafts one token
-                self.probe = min(2 * self.probe, AUTO_PROBE_MAX)
-                self._probing = 1
-                self._probe_step = True
-                return self._note(self._probe_row(room))
-        else:
-            self.probe, self._since_probe, self._probing = AUTO_PROBE_EVERY, 0, 0
-            self._probe_cost = 0.0
-            near = self._plain_measured(rows)
-            rates = tokens / cost  # [Kc]
-            if self.steps % AUTO_PROBE_EVERY == 0:
-                if not near and rates[k] < PLAIN_MARGIN * rates[0]:
-                    k = 0  # plain's cost at this many rows is still a guess that could turn
-                    # the choice: measure it once (one stream drafting at 0.95 skips it)
-                elif k < AUTO_MAX_DRAFT and self._stale((rows, int(width[k + 1]) + 1)):
-                    k += 1  # the next wider verify is a guess here (a line through the measured
-                    # ones overestimates it on CPUs), or its measurement is old: measure it,
-                    # then the costs decide
-        return self._note(lengths(k))
+        # If not, a probe cannot turn the choice and none is taken
+        if plan.ceiling() <= plan.rate(0):
+            return torch.zeros(room.shape[0], dtype=torch.long)
+        self._since_probe += 1
+        plain = self._since_probe * (self._target_cost(rows, 1) + self._overhead(rows, 1))
+        if self._since_probe >= self.probe and plain * PROBE_SHARE >= self._probe_cost:
+            self._since_probe = 0  # a probe: one row drafts one token
+            self.probe = min(2 * self.probe, AUTO_PROBE_MAX)
+            self._probing = 1
+            self._probe_step = True
+            return self._probe_row(room)
+        return plan.lengths(0)
+
+    def _explore(self, plan: Plan, k: int, rows: int) -> int:
+        """A drafting batch's K: the costs' `k`, but every AUTO_PROBE_EVERY steps plain where
+        plain's cost is a guess that could turn the choice, or one draft more where that wider
+        verify is unmeasured or stale (a line through the narrower ones overestimates it on
+        CPUs), so that the costs then decide."""
+        self.probe, self._since_probe, self._probing = AUTO_PROBE_EVERY, 0, 0
+        self._probe_cost = 0.0
+        near = self._plain_measured(rows)
+        rates = plan.tokens / plan.cost  # [Kc]
+        if self.steps % AUTO_PROBE_EVERY == 0:
+            if not near and rates[k] < PLAIN_MARGIN * rates[0]:
+                k = 0
+            elif k < AUTO_MAX_DRAFT and self._stale((rows, int(plan.width[k + 1]) + 1)):
+                k += 1
+        return k
 
     def _stale(self, key: tuple[int, int]) -> bool:
         """Whether the verify cost at (rows, width) is unmeasured or AUTO_REFRESH choices old."""
@@ -271,9 +252,8 @@ class DraftLengthPolicy:
 
     def exclude(self, seconds: float) -> None:
         """Time since the last choice that is no step's cost (an admission's prefill): kept
-        out of the next outside-time measurement. A server admits between steps: counted in,
-        prefills made plain steps look 0.3-2.4 s dearer (they are 0.05-0.15 s) and drafting
-        win at 64 streams (0.77x plain)."""
+        out of the next outside-time measurement (a server admits between steps; counted in,
+        prefills made plain steps look many times dearer than they are)."""
         self._excluded += seconds
 
     def _overhead(self, rows: int, width: int) -> float:
@@ -324,19 +304,18 @@ class DraftLengthPolicy:
                       width: int, rows: int = 1) -> None:
         """One step's measured costs at `rows` rows; an estimate is the median of its last
         AUTO_COST_WINDOW measurements (one slow step on a busy machine moved an average for
-        many steps: a mean of 0.43 s per llama.cpp draft token, 12 ms when idle, held auto at
-        plain decoding for a whole answer). Two one-off costs are kept out: the first
-        measurement of drafting and of each width is dropped (first calls pay for allocation
-        and lazy set-up: a float32 target's first one-row step builds its one-row weight copy,
-        974 ms against 45 ms), and a drafting step whose rows the drafter lagged on (after
+        many steps). Two one-off costs are kept out: the first measurement of drafting and of
+        each width is dropped (first calls pay for allocation and lazy set-up: a float32
+        target's first one-row step builds its one-row weight copy), and a drafting step whose
+        rows the drafter lagged on (after
         plain steps, or an admission) is a catch-up, not a draft cost: it measures the seconds
         per caught-up token instead (what the draft positions would have cost taken out)."""
         drafting, lag = self._chosen if self._chosen is not None else (rows, 0.0)
         self._chosen = None
         if self._probe_step:  # what the probe costs beyond the plain steps it replaces
             plain = self._target_cost(rows, 1) if self.target_cost else target_seconds
-            # ... its wider verification and sampling included (a one-row probe in 16 rows:
-            # 0.085-0.11 s a step against 0.047 s plain, twice what the forwards explain)
+            # ... its wider verification and sampling included (a one-row probe makes every
+            # row's verification wider, which the forwards alone do not explain)
             outside = max(self._overhead(rows, width) - self._overhead(rows, 1), 0.0)
             self._probe_excess += draft_seconds + max(target_seconds - plain, 0.0) + outside
             if not self._probing:
@@ -384,10 +363,23 @@ class DraftLengthPolicy:
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep these rows. An empty batch waits for requests: that wait is no step's outside
-        time (a server's idle second between two requests counted as one step's 1,009 ms)."""
+        time (a server's idle time between two requests is no step's)."""
         rows = rows.cpu()
         if not len(rows):
             self._last = None
         self.accepted = self.accepted[rows]
         self.rejections = self.rejections[rows]
         self.lag = self.lag[rows]
+
+    def force(self, lengths: Iterable[int]) -> None:
+        """The next choices take these draft lengths, in order, whatever the costs say (each
+        capped by the rows' room; `Decoder.calibrate`'s sweep over the widths); measured as any
+        step. An empty `lengths` ends a sweep early."""
+        self.forced = collections.deque(lengths)
+
+    def drafter_lags(self, lagging: bool) -> None:
+        """What the drafter said after an admission (`drafters.base.lags_behind`): False, it
+        reads the target's cache and no row lags (no catch-up to charge)."""
+        self.lagging = lagging
+        if not lagging:
+            self.lag.zero_()

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
 
 
 def mean_acceptance_length(emitted: int, steps: int) -> float:
     """Tokens emitted per target forward, the recovered / bonus token included: 1.0 for plain
     decoding, at most K+1; 0.0 before any step. The one definition (engine, bench, training)."""
     return emitted / steps if steps else 0.0
+
+
+def add_counts(a: list[int], b: list[int]) -> list[int]:
+    """Per-position counts of two rows (or runs) summed, the shorter list read as zeros past
+    its end: the one place per-position counts are added."""
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
 
 
 @dataclass
@@ -49,6 +57,23 @@ class GenerationStats:
         self.target_seconds += target_seconds
         self.verify_seconds += verify_seconds
         self.seconds = seconds
+
+    def merge(self, other: GenerationStats) -> GenerationStats:
+        """These statistics and `other`'s summed, field by field (per-position counts by
+        position): the totals of a request's choices, a call's rows or a run's batches.
+        Seconds are summed too, so a total's rates are per row-second."""
+        out = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        for name in ("accepted_per_position", "drafted_per_position"):
+            out[name] = add_counts(getattr(self, name), getattr(other, name))
+        return GenerationStats(**out)
+
+    @staticmethod
+    def total(stats: Iterable[GenerationStats]) -> GenerationStats:
+        """Every one of `stats` merged (an empty total when there is none)."""
+        out = GenerationStats()
+        for st in stats:
+            out = out.merge(st)
+        return out
 
     @property
     def acceptance_rate(self) -> float:

@@ -59,8 +59,8 @@ from dataclasses import dataclass, field
 
 from exactspec.drafters.base import Drafter
 from exactspec.engine.api import DEFAULT_BATCH_SIZE
+from exactspec.engine.engine import Engine
 from exactspec.engine.results import Generation
-from exactspec.engine.session import Engine
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.models.loading import Model
 from exactspec.sampling import SamplingParams

@@ -15,7 +15,7 @@ import contextlib
 
 import torch
 
-from exactspec.engine.step import top_lists, top_tokens
+from exactspec.engine.commit import top_lists, top_tokens
 from exactspec.invariant import batch_invariant
 from exactspec.invariant.mode import covered
 from exactspec.models.loading import Model

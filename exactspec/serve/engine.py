@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from exactspec.drafters.base import Drafter
-from exactspec.engine.batch import Row, RowOutput
-from exactspec.engine.loop import DecodeConfig, Decoder
+from exactspec.engine.decoder import DecodeConfig, Decoder
+from exactspec.engine.rows import Row, RowOutput
 from exactspec.models.loading import Model
 from exactspec.sampling import RowStreams, SamplingParams, parse_method
 from exactspec.serve.echo import prompt_logprobs

@@ -23,7 +23,7 @@ from exactspec.audit.world import logits_table, model_world
 from exactspec.batch import job as job_module
 from exactspec.batch import run_batch
 from exactspec.drafters import PromptLookup
-from exactspec.engine.session import Engine
+from exactspec.engine.engine import Engine
 from exactspec.models import Model
 from tests.batch.helpers import PARAMS, PROMPT, V, config, policy, write_rows
 

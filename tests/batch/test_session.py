@@ -20,7 +20,7 @@ from exactspec.audit.stats import bincount, chi_square
 from exactspec.audit.world import logits_table, model_world
 from exactspec.drafters import DraftModel, QuantizedDraft
 from exactspec.drafters.gguf_draft import llama_cpp_available, llama_cpp_why
-from exactspec.engine.session import Engine
+from exactspec.engine.engine import Engine
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.sampling import SamplingParams, probs_from_logits
 from tests.batch.helpers import PARAMS, PROMPT, V, policy

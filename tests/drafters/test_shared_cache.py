@@ -121,7 +121,7 @@ def test_few_rows_draft_alone_on_a_copy_of_their_cache_rows(monkeypatch):
     """A probe under load (1 of 4 rows drafts): the draft forwards run over that row alone
     (not the batch fed a token each), the target's cache is left as it was, and the row's
     drafts and q are the bits it gets drafting with every row (the kernels' invariance)."""
-    from exactspec.engine.loop import DecodeConfig, Decoder
+    from exactspec.engine.decoder import DecodeConfig, Decoder
     from tests.engine.test_admission import Counter
 
     target = _target()
@@ -131,7 +131,7 @@ def test_few_rows_draft_alone_on_a_copy_of_their_cache_rows(monkeypatch):
     dec = Decoder(target, drafter, cfg)
     dec.admit([dec.make_row(i, p, T1[i], 100 + i) for i, p in enumerate(_prompts()[1:5])])
     dec.step()
-    cache = dec.batch.target.cache
+    cache = dec.target.cache
     before = [t.clone() for t in cache.keys + cache.values]
     count = Counter(monkeypatch)
     ctx = dec.batch.context()

@@ -22,7 +22,7 @@ from exactspec.drafters.base import trusts_q
 from exactspec.drafters.gguf_draft import GgufDraft
 from exactspec.drafters.tree_shape import as_tree, parse_tree, tree_of
 from exactspec.engine import generate
-from exactspec.engine.step import NoDrafter
+from exactspec.engine.drafting import NoDrafter
 from exactspec.errors import InvalidType, InvalidValue
 from tests.engine.tiny import GREEDY, GREEDY_PROMPTS, greedy_target
 

@@ -19,7 +19,7 @@ from exactspec.drafters.base import AdmitsRows
 from exactspec.drafters.gguf_draft import llama_cpp_available, llama_cpp_why
 from exactspec.engine import generate
 from exactspec.engine.api import _stream_seeds
-from exactspec.engine.loop import DecodeConfig, Decoder
+from exactspec.engine.decoder import DecodeConfig, Decoder
 from exactspec.models import adapter as adapter_module
 from tests.engine.test_rows import MIXED, PROMPTS, _eagle, admit_staggered
 from tests.engine.tiny import perturbed, tiny_llama
@@ -94,7 +94,7 @@ def test_admission_prefills_only_the_new_row_in_the_draft_cache(target, kind, mo
     dec.admit([rows[2]])
     new_prompt = len(PROMPTS[2]) - 1
     assert count.since(mark, ad) == [(1, new_prompt)]  # the new row alone, in the draft
-    assert count.since(mark, dec.batch.target) == [(1, new_prompt)]  # ... and in the target
+    assert count.since(mark, dec.target) == [(1, new_prompt)]  # ... and in the target
     assert torch.equal(drafter._fed[:2, : before_fed.shape[1]], before_fed)  # kept as it was
     mark = count.mark()
     dec.step()
@@ -103,7 +103,7 @@ def test_admission_prefills_only_the_new_row_in_the_draft_cache(target, kind, mo
     # a begin over the whole batch (what every admission did before the hook) re-runs all
     # three rows' contexts: at least the longest context wide
     mark = count.mark()
-    drafter.begin(dec.batch.context(), dec.batch.info)
+    drafter.begin(dec.batch.context(), dec.draft.info)
     longest = int(dec.batch.lengths.max()) - 1
     assert count.since(mark, drafter._adapter) == [(3, longest)]
 
@@ -118,19 +118,19 @@ def test_a_self_draft_on_the_target_cache_runs_nothing_at_admission(target, monk
     dec = _decoder(target, drafter)
     rows = [dec.make_row(i, PROMPTS[i], MIXED[i], seeds[i]) for i in range(3)]
     dec.admit(rows[:2])
-    assert drafter._shared is dec.batch.target
+    assert drafter._shared is dec.target
     for _ in range(3):
         dec.step()
     ad = drafter._adapter
     mark = count.mark()
     dec.admit([rows[2]])
     assert count.since(mark, ad) == []
-    assert count.since(mark, dec.batch.target) == [(1, len(PROMPTS[2]) - 1)]
+    assert count.since(mark, dec.target) == [(1, len(PROMPTS[2]) - 1)]
     mark = count.mark()
     dec.step()
     assert count.since(mark, ad) == [(3, 1)] * K  # K draft positions, one token each
     mark = count.mark()
-    drafter.begin(dec.batch.context(), dec.batch.info)
+    drafter.begin(dec.batch.context(), dec.draft.info)
     assert count.calls[mark:] == []  # no forward anywhere
 
 
@@ -221,7 +221,7 @@ def test_each_row_keeps_its_own_budget_and_stop(target):
 
 def test_a_row_past_the_context_is_refused_naming_both_numbers(target):
     dec = _decoder(target, None)
-    ctx = dec.batch.target.max_context
+    ctx = dec.target.max_context
     row = dec.make_row(0, [1, 2, 3], SamplingParams(), 0, max_new_tokens=ctx)
     with pytest.raises(ValueError, match=rf"prompt of 3 tokens plus max_new_tokens={ctx}.*{ctx}"):
         dec.admit([row])
@@ -237,7 +237,7 @@ def test_drop_removes_rows_before_the_next_step(target):
     dec.step()
     gone = dec.drop([1])
     assert gone == [rows[1]] and [r.id for r in dec.rows] == [0, 2]
-    assert dec.batch.target.batch_size == 2 and drafter._fed.shape[0] == 2
+    assert dec.target.batch_size == 2 and drafter._fed.shape[0] == 2
     n = len(rows[1].output.tokens)
     while dec.rows:
         dec.step()
@@ -282,10 +282,10 @@ def test_calibrate_measures_every_verify_width_at_one_row_then_leaves(target, mo
     counter = Counter(monkeypatch)
     dec = _decoder(target, _drafter("quantized", target), k="auto")
     seconds = dec.calibrate(list(PROMPTS[0]))
-    assert seconds > 0 and dec.rows == [] and not dec.batch.policy.forced
-    verifies = [w for b, w in counter.of(dec.batch.target) if b == 1][1:]  # after the prefill
+    assert seconds > 0 and dec.rows == [] and not dec.policy.forced
+    verifies = [w for b, w in counter.of(dec.target) if b == 1][1:]  # after the prefill
     assert verifies == list(range(1, AUTO_MAX_DRAFT + 2)) * 2
-    measured = {w for (b, w) in dec.batch.policy.target_cost if b == 1}
+    measured = {w for (b, w) in dec.policy.target_cost if b == 1}
     assert measured == set(range(1, AUTO_MAX_DRAFT + 2))
     greedy = SamplingParams(temperature=0.0)
     row = dec.make_row(0, list(PROMPTS[1]), greedy, 0, max_new_tokens=12)

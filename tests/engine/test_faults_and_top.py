@@ -18,7 +18,7 @@ import exactspec as es
 from exactspec import SamplingParams
 from exactspec.drafters import DraftModel
 from exactspec.engine import generate
-from exactspec.engine.loop import DecodeConfig, Decoder
+from exactspec.engine.decoder import DecodeConfig, Decoder
 from exactspec.sampling import probs_from_logits
 from tests.engine.test_rows import PROMPTS
 from tests.engine.tiny import perturbed, tiny_llama

@@ -1,6 +1,6 @@
 """The engine's greedy shortcut: at T = 0 with the engine's own q, token verification's draw is
 greedy verification's, token for token, so a step of greedy rows skips the law's uniforms,
-residual and float64 CDF (exactspec/engine/step.py greedy_shortcut)."""
+residual and float64 CDF (exactspec/engine/verifier.py greedy_shortcut)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from exactspec.drafters.draft_model import DraftModel
-from exactspec.engine.step import greedy_shortcut
+from exactspec.engine.arguments import parse_verify
+from exactspec.engine.verifier import greedy_shortcut
 from exactspec.sampling import RowStreams, SamplingParams, parse_method, probs_from_logits
 
 GREEDY = SamplingParams(temperature=0)
@@ -33,7 +34,7 @@ def _chain(rows: int, k: int, vocab: int, seed: int, params: SamplingParams):
 
 @pytest.mark.parametrize("point_mass", [False, True])
 def test_greedy_rows_get_the_token_laws_tokens(point_mass):
-    rule = greedy_shortcut(DraftModel.__new__(DraftModel), "token")
+    rule = greedy_shortcut(DraftModel.__new__(DraftModel), parse_method("token"))
     token = parse_method("token").chain_law
     for seed in range(20):
         p, x, q = _chain(32, 5, 300, seed, GREEDY)
@@ -48,8 +49,8 @@ def test_greedy_rows_get_the_token_laws_tokens(point_mass):
 
 def test_the_shortcut_is_wrong_off_greedy_so_the_engine_gates_it():
     """At T = 1 greedy verification's tokens are not the token law's draws: the shortcut is
-    taken only when every row is greedy (BatchState.greedy)."""
-    rule = greedy_shortcut(DraftModel.__new__(DraftModel), "token")
+    taken only when every row is greedy (RowBatch.greedy)."""
+    rule = greedy_shortcut(DraftModel.__new__(DraftModel), parse_method("token"))
     p, x, q = _chain(32, 5, 300, 0, SamplingParams(temperature=1))
     streams = RowStreams.from_seed(0, 32)
     want = parse_method("token").chain_law(p, x, q, check=True).draw(streams)
@@ -67,4 +68,4 @@ class _UserDrafter:  # a user's drafter: its q is checked by the engine, no shor
     (DraftModel.__new__(DraftModel), lambda p, x, q, generator=None: None),
 ])
 def test_no_shortcut_for_other_rules_and_checked_drafters(drafter, verify):
-    assert greedy_shortcut(drafter, verify) is None
+    assert greedy_shortcut(drafter, parse_verify(verify)) is None

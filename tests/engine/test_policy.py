@@ -7,12 +7,12 @@ import itertools
 import pytest
 import torch
 
+from exactspec.engine.plan import expected_tokens
 from exactspec.engine.policy import (
     AUTO_MAX_DRAFT,
     AUTO_PROBE_EVERY,
     POOL_MAX,
     DraftLengthPolicy,
-    expected_tokens,
 )
 
 

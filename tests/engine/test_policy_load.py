@@ -11,7 +11,7 @@ import torch
 from exactspec import SamplingParams
 from exactspec.drafters.gguf_draft import llama_cpp_available, llama_cpp_why
 from exactspec.engine import generate
-from exactspec.engine.loop import DecodeConfig, Decoder
+from exactspec.engine.decoder import DecodeConfig, Decoder
 from exactspec.engine.policy import AUTO_PROBE_EVERY, PROBE_SHARE, DraftLengthPolicy
 from tests.engine.test_rows import PROMPTS
 from tests.engine.tiny import tiny_llama
@@ -49,7 +49,7 @@ def test_plain_steps_feed_the_llama_cpp_draft_nothing_and_probes_one_row(target)
     dec = Decoder(target, drafter, cfg, on_fault="raise")
     rows = [dec.make_row(i, p, greedy, 0) for i, p in enumerate(PROMPTS)]
     dec.admit(rows)
-    _plain_costs(dec.batch.policy, len(rows))
+    _plain_costs(dec.policy, len(rows))
     gguf = drafter._gguf
     fed: list[set[int]] = []  # per llama_decode call: the rows it fed
     real = gguf._decode_chunk
@@ -101,7 +101,7 @@ def test_plain_steps_leave_a_torch_draft_idle_and_rows_admitted_then_unfed(targe
     dec = Decoder(target, drafter, cfg, on_fault="raise")
     rows = [dec.make_row(i, p, greedy, 0) for i, p in enumerate(PROMPTS)]
     dec.admit(rows[:2])
-    _plain_costs(dec.batch.policy, len(PROMPTS))
+    _plain_costs(dec.policy, len(PROMPTS))
     dec.step()  # plain: the drafter has drafted nothing since
     ad = drafter._adapter
     mark = count.mark()
@@ -180,7 +180,7 @@ def test_a_step_where_no_row_drafts_draws_the_chain_laws_token_at_plains_cost(me
     2-5 ms a step at 16 rows) and draw the very token the law draws: the same uniform on the
     same p. Checked bit for bit against the law over many rows and temperatures; a draw with
     plain decoding's uniform (another domain) differs."""
-    from exactspec.engine.loop import bonus_rule, verify_rule
+    from exactspec.engine.verifier import bonus_rule, chain_rule
     from exactspec.sampling import DOMAIN_SAMPLE, RowStreams, parse_method, sample
 
     torch.manual_seed(0)
@@ -189,7 +189,7 @@ def test_a_step_where_no_row_drafts_draws_the_chain_laws_token_at_plains_cost(me
     drafts, q = torch.zeros(rows, 0, dtype=torch.long), torch.zeros(rows, 0, vocab)
     streams = RowStreams.from_seed(7, rows)
     law = parse_method(method).chain_law(p, drafts, q, check=False).draw(streams)
-    fast = verify_rule(object(), method)(p, drafts, q, streams)
+    fast = chain_rule(object(), parse_method(method))(p, drafts, q, streams)
     assert torch.equal(fast.tokens, law.tokens)
     assert torch.equal(fast.num_accepted, law.num_accepted)
     assert torch.equal(bonus_rule(p, streams).tokens, law.tokens)
@@ -235,9 +235,9 @@ def test_admitted_rows_lag_by_their_prompts_unless_the_batch_drafts_for_half_its
     dec.admit([dec.make_row(i, p, SamplingParams(temperature=0), 0)
                for i, p in enumerate(PROMPTS[1:], 1)])
     assert drafter._adapter.lengths[1:].tolist() == [0, 0, 0]
-    drafter.begin(dec.batch.context(), dec.batch.info)
+    drafter.begin(dec.batch.context(), dec.draft.info)
     assert drafter._adapter.lengths.tolist() == [0, 0, 0, 0]
-    assert dec.batch.policy.lagging and dec.batch.policy.lag.sum() > 0
+    assert dec.policy.lagging and dec.policy.lag.sum() > 0
     # on the target's cache: nothing lags, so the policy charges no catch-up
     monkeypatch.setattr(quantized, "SHARE_TARGET_CACHE", True)
     dec = Decoder(target, es.QuantizedDraft(8, backend="torch"), cfg)
@@ -245,4 +245,4 @@ def test_admitted_rows_lag_by_their_prompts_unless_the_batch_drafts_for_half_its
     dec.step()
     dec.admit([dec.make_row(i, p, SamplingParams(temperature=0), 0)
                for i, p in enumerate(PROMPTS[1:], 1)])
-    assert not dec.batch.policy.lagging and dec.batch.policy.lag.tolist() == [0.0] * 4
+    assert not dec.policy.lagging and dec.policy.lag.tolist() == [0.0] * 4

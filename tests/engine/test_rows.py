@@ -15,7 +15,7 @@ from exactspec.drafters.eagle import EagleDrafter
 from exactspec.drafters.eagle_head import EagleConfig, EagleHead
 from exactspec.engine import generate
 from exactspec.engine.api import _stream_seeds
-from exactspec.engine.loop import DecodeConfig, Decoder
+from exactspec.engine.decoder import DecodeConfig, Decoder
 from tests.engine.tiny import perturbed, tiny_llama
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9], [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2], [30, 31, 30, 31, 30]]

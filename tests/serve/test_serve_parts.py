@@ -109,7 +109,7 @@ def test_the_engine_calibrates_auto_draft_lengths_before_serving(monkeypatch, dr
     """With a drafter and auto K the engine thread measures every verify width at one row
     (Decoder.calibrate) before the first request; with a fixed K or no drafter it does not."""
     from exactspec.drafters import PromptLookup
-    from exactspec.engine.loop import Decoder
+    from exactspec.engine.decoder import Decoder
     from exactspec.serve import EngineConfig, ServingEngine
     from tests.engine.tiny import tiny_model
 

@@ -20,12 +20,13 @@ from dataclasses import replace
 import torch
 
 from exactspec.drafters.base import Drafter
-from exactspec.engine.api import DEFAULT_BATCH_SIZE, generate
+from exactspec.engine.api import DEFAULTS, generate
+from exactspec.engine.arguments import parse_verify
 from exactspec.engine.results import Generation
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.invariant import batch_invariant, check_invariant_target
 from exactspec.models.loading import Model, as_target, load
-from exactspec.sampling import SamplingParams, parse_method
+from exactspec.sampling import SamplingParams
 
 
 class Engine:
@@ -40,10 +41,11 @@ class Engine:
     """
 
     def __init__(self, target, drafter: Drafter | None = None,
-                 params: SamplingParams | None = None, *, max_new_tokens: int = 128,
-                 num_draft_tokens: int | str = 4, verify="token",
-                 stop: str | Sequence[str] | None = None,
-                 batch_size: int = DEFAULT_BATCH_SIZE, batch_invariant: bool = False) -> None:
+                 params: SamplingParams | None = None, *,
+                 max_new_tokens: int = DEFAULTS.max_new_tokens,
+                 num_draft_tokens: int | str = DEFAULTS.num_draft_tokens,
+                 verify=DEFAULTS.verify, stop: str | Sequence[str] | None = DEFAULTS.stop,
+                 batch_size: int = DEFAULTS.batch_size, batch_invariant: bool = False) -> None:
         if isinstance(target, str | os.PathLike):
             target = load(target)
         self.model: Model = as_target(target)  # the policy; its parameters are updated in place
@@ -54,8 +56,8 @@ class Engine:
         self.params = _check_params(params) if params is not None else SamplingParams()
         self.max_new_tokens = max_new_tokens  # default per call
         self.num_draft_tokens = num_draft_tokens  # K, or "auto"
-        # the verify method, parsed once here (VerifyMethod), or a callable passed through
-        self.verify = verify if callable(verify) else parse_method(verify)
+        # the verify method, parsed once here (a VerifyMethod, or a callable as a UserRule)
+        self.verify = parse_verify(verify)
         self.stop = stop  # strings that end a row
         self.batch_size = batch_size  # rows per forward pass
         self.policy_version = 0  # number of update_weights calls so far

@@ -14,30 +14,19 @@ from dataclasses import dataclass
 
 import torch
 
-from exactspec.drafters.base import Drafter, TargetInfo, trusts_q
-from exactspec.engine.batch import BatchState, Row, RowOutput
+from exactspec.drafters.base import Drafter, TargetInfo
+from exactspec.engine.arguments import parse_verify
+from exactspec.engine.commit import Clock, Report
+from exactspec.engine.drafting import DraftSide
 from exactspec.engine.policy import AUTO_MAX_DRAFT, DraftLengthPolicy
-from exactspec.engine.step import (
-    Clock,
-    NoDrafter,
-    StepRules,
-    decode_step,
-    greedy_shortcut,
-    plain_rule,
-)
+from exactspec.engine.rows import Row, RowBatch, RowOutput, check_fits
+from exactspec.engine.step import decode_step
 from exactspec.engine.stopping import StopRule
-from exactspec.engine.tree_step import tree_rule
+from exactspec.engine.verifier import Verifier
 from exactspec.errors import InvalidValue
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import Model, as_model
-from exactspec.sampling import (
-    DOMAIN_RESAMPLE,
-    SamplingParams,
-    Verdict,
-    VerifyMethod,
-    parse_method,
-    sample,
-)
+from exactspec.sampling import SamplingParams, Verdict, VerifyMethod
 from exactspec.sampling.grammar import Grammar
 
 VerifyFn = Callable[..., Verdict]
@@ -63,32 +52,6 @@ class DecodeConfig:
     logprobs_mode: str = "processed"
 
 
-def verify_rule(drafter: Drafter | None, verify_arg: VerifyMethod | str | VerifyFn):
-    """The step's acceptance rule: the plain draw without a drafter, else `verify_arg`."""
-    if drafter is None:
-        return plain_rule
-    if callable(verify_arg):
-        return lambda p, x, q, streams: verify_arg(p, x, q, generator=streams)
-    # p is made by the engine and a user drafter's q is checked before: no second check
-    method = parse_method(verify_arg)
-    law = method.chain_law  # traversal's chain law is block's
-    exact = method.name in ("token", "block", "traversal")
-
-    def rule(p, x, q, streams):
-        if exact and x.shape[1] == 0:  # no row drafted (auto's K = 0): plain decoding's cost
-            return bonus_rule(p, streams)
-        return law(p, x, q, check=False).draw(streams)
-
-    return rule
-
-
-def bonus_rule(p: torch.Tensor, streams) -> Verdict:  # p [B, 1, V]
-    """An exact chain law's verdict when no row drafted: its bonus token, drawn from p with the
-    uniform the law would use (the same token), without building the law."""
-    tok = sample(p[:, 0], streams, domain=DOMAIN_RESAMPLE)  # [B]
-    return Verdict(tokens=tok[:, None], num_accepted=torch.zeros_like(tok))
-
-
 class Decoder:
     """Decodes a changing set of rows: `admit(rows)` between steps, `step()` until empty,
     `drop(ids)` for rows nobody reads any more.
@@ -106,30 +69,23 @@ class Decoder:
         if on_fault not in ("raise", "plain"):
             raise ValueError(f"on_fault={on_fault!r} must be 'raise' or 'plain'")
         self.clock = Clock(torch.device("cpu"))  # the decode's start: prefill is timed from it
-        target = as_model(target)
-        self.target = target
+        self.model = as_model(target)  # the target model and its tokenizer
         self.cfg = cfg
         self.admitted = False  # whether rows were admitted before (their clocks start later)
-        # a speculative run's rare one-row steps do not build the one-row weight copy
-        adapter = TargetAdapter(target.model, one_row_copy=drafter is None)
-        self.clock.device = adapter.device
+        # the target's forward and KV cache; a speculative run's rare one-row steps do not
+        # build the one-row weight copy
+        self.target = TargetAdapter(self.model.model, one_row_copy=drafter is None)
+        self.clock.on(self.target.device)
         k = 0 if drafter is None else cfg.num_draft_tokens
-        extra = 1 + (AUTO_MAX_DRAFT if k == "auto" else int(k))  # the last token + drafts
-        layers = None if drafter is None else drafter.hidden_layers
-        self.batch = BatchState(
-            adapter, drafter if drafter is not None else NoDrafter(),
-            TargetInfo(adapter.vocab_size, target.tokenizer, adapter.model, adapter),
-            DraftLengthPolicy(k, 0), tuple(layers) if layers is not None else None, extra)
-        self.batch.on_fault = on_fault
-        coupled = None if callable(cfg.verify) else parse_method(cfg.verify)
-        coupled = coupled if coupled is not None and coupled.coupled else None
-        self.batch.coupled = coupled is not None  # drafters draw with the positions' uniforms
-        self.rules = StepRules(
-            verify=verify_rule(drafter, cfg.verify),
-            check_q=not trusts_q(self.batch.drafter),
-            return_logprobs=cfg.return_logprobs, logprobs_mode=cfg.logprobs_mode,
-            tree_step=tree_rule(drafter, cfg.verify),
-            greedy_verify=greedy_shortcut(drafter, cfg.verify), coupled=coupled)
+        self.extra_slots = 1 + (AUTO_MAX_DRAFT if k == "auto" else int(k))  # last token + drafts
+        info = TargetInfo(self.target.vocab_size, self.model.tokenizer, self.target.model,
+                          self.target)
+        self.draft = DraftSide(drafter, info, on_fault=on_fault)  # the drafter and its faults
+        self.policy = DraftLengthPolicy(k, 0)  # per-row draft lengths
+        self.verifier = Verifier(parse_verify(cfg.verify), drafter)  # each step's verdict
+        # the rows and their tensors (coupled: drafters draw with the positions' uniforms)
+        self.batch = RowBatch(self.target.device, coupled=self.verifier.coupled is not None)
+        self.report = Report(cfg.return_logprobs, cfg.logprobs_mode)
 
     @property
     def rows(self) -> list[Row]:
@@ -139,7 +95,7 @@ class Decoder:
     @property
     def drafter_faults(self) -> int:
         """Drafter exceptions survived so far (on_fault="plain")."""
-        return self.batch.faults
+        return self.draft.faults
 
     @torch.inference_mode()
     def admit(self, rows: list[Row]) -> None:
@@ -154,11 +110,48 @@ class Decoder:
             self.clock.lap()
             started = self.clock.last - self.clock.start
         self.admitted = True
-        self.batch.admit(rows)
+        t0 = time.perf_counter()
+        try:
+            self._admit(rows)
+        finally:  # a prefill is no step's cost: kept out of the policy's outside time
+            self.policy.exclude(time.perf_counter() - t0)
         prefill = self.clock.lap()
         for r in rows:
             r.started = started
             r.output.stats.prefill_seconds = prefill
+
+    def _admit(self, rows: list[Row]) -> None:
+        """Prefill `rows` alone, in the target and the drafter, and append them to the batch
+        (each row's budget is its own stop rule's max_new_tokens)."""
+        target = self.target
+        for r in rows:
+            check_fits(len(r.prompt), r.stop.max_new_tokens, target.max_context)
+        matchers = self.batch.matchers(rows, self.model.tokenizer, target.vocab_size)
+        need = max(len(r.prompt) + r.stop.max_new_tokens for r in rows)
+        cap = self.batch.capacity(need + self.extra_slots)
+        prefill = target.admit if len(self.batch) else target.prefill
+        hid0 = prefill([r.prompt[:-1] for r in rows],
+                       capacity=min(need + self.extra_slots, target.max_context),
+                       hidden_layers=self.draft.layers)  # [R, W, F] or None
+        self.batch.add(rows, cap, self._features(len(rows), cap, hid0), matchers)
+        self.policy.admit(len(rows), [len(r.prompt) for r in rows])
+        lags = self.draft.admit(self.batch, len(self.batch) - len(rows))
+        if lags is not None:  # None: a fault is pending, the drafter restarts later
+            self.policy.drafter_lags(lags)
+
+    def _features(self, num_rows: int, cap: int,
+                  hid0: torch.Tensor | None) -> torch.Tensor | None:  # hid0 [R, W, F]
+        """New rows' target-feature buffer [R, cap, F] (their prompts' features first), or
+        None when the drafter reads none."""
+        if self.draft.layers is None:
+            return None
+        config = self.target.model.config.get_text_config(decoder=True)
+        feat = config.hidden_size * len(self.draft.layers)
+        hidden = torch.zeros(num_rows, cap, feat, dtype=self.target.dtype,
+                             device=self.target.device)
+        if hid0 is not None:
+            hidden[:, : hid0.shape[1]] = hid0
+        return hidden
 
     def _check_grammars(self, rows: list[Row]) -> None:
         """Refuse a grammar where its output would not be the target's law restricted to it:
@@ -166,23 +159,33 @@ class Decoder:
         with_grammar = [r for r in rows if r.grammar is not None]
         if not with_grammar:
             return
-        if self.rules.tree_step is not None:
+        if self.verifier.tree is not None:
             raise InvalidValue(f"a grammar ({with_grammar[0].grammar!r}) with a token-tree "
                                "drafter is not supported; draft chains (no tree=) or "
                                "decode without the grammar")
-        method = None if callable(self.cfg.verify) else parse_method(self.cfg.verify)
-        if method is not None and not method.lossless:
-            raise InvalidValue(f"a grammar with the lossy verify={method.name!r} is refused: "
+        if self.verifier.refuses_grammar:
+            raise InvalidValue(f"a grammar with the lossy verify={self.verifier.method.name!r} "
+                               "is refused: "
                                "the output would be neither the target's law nor restricted "
                                "exactly; use verify='token', 'block', 'coupled' or 'greedy'")
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Row, list[int]]]:
         """One step for every row; finished rows leave. Returns (row, new tokens) per row."""
-        gained = decode_step(self.batch, self.rules, self.clock)
-        alive = [j for j, r in enumerate(self.batch.rows) if r.output.finish_reason is None]
-        self.batch.select(alive)
+        gained = decode_step(self.batch, self.target, self.draft, self.verifier, self.policy,
+                             self.clock, self.report)
+        self._keep([j for j, r in enumerate(self.batch.rows) if r.output.finish_reason is None])
         return gained
+
+    def _keep(self, keep: list[int]) -> None:
+        """Keep only the rows at batch positions `keep`, in that order, in every part."""
+        if len(keep) == len(self.batch):
+            return
+        sel = self.batch.select(keep)  # [R] long
+        self.policy.select(sel)
+        if len(self.batch):  # an empty batch restarts both at the next admit (prefill, begin)
+            self.target.select(sel)
+        self.draft.select(self.batch, sel)
 
     @torch.inference_mode()
     def calibrate(self, prompt: list[int], *, passes: int = 2) -> float:
@@ -192,25 +195,25 @@ class Decoder:
         answers otherwise paid for the exploration (K started at 4 and climbed one width per
         AUTO_PROBE_EVERY steps; one slow measurement kept a width out). Returns the seconds
         taken; does nothing (0.0) without auto K or with rows in flight."""
-        policy = self.batch.policy
+        policy = self.policy
         if not policy.auto or self.rows or not prompt:
             return 0.0
         start = time.perf_counter()
         ks = list(range(AUTO_MAX_DRAFT + 1)) * passes
         budget = sum(k + 1 for k in ks)  # tokens, if every draft is kept
-        keep = self.target.max_context - budget - AUTO_MAX_DRAFT - 1  # prompt tokens that fit
+        keep = self.model.max_context - budget - AUTO_MAX_DRAFT - 1  # prompt tokens that fit
         if keep < 1:
             return 0.0
         row = self.make_row(-1, prompt[-keep:], SamplingParams(), 0, max_new_tokens=budget,
                             stop=[])
         row.stop.eos = set()  # the sweep runs its whole length
-        policy.forced.extend(ks)
+        policy.force(ks)
         self.admit([row])
         try:
             while self.rows and policy.forced:
                 self.step()
         finally:
-            policy.forced.clear()
+            policy.force([])
             self.drop([row.id])
         return time.perf_counter() - start
 
@@ -219,7 +222,7 @@ class Decoder:
         ids = set(ids)
         gone = [r for r in self.batch.rows if r.id in ids]
         if gone:
-            self.batch.select([j for j, r in enumerate(self.batch.rows) if r.id not in ids])
+            self._keep([j for j, r in enumerate(self.batch.rows) if r.id not in ids])
         return gone
 
     def make_row(self, id: int, prompt: list[int], params: SamplingParams,
