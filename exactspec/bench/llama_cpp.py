@@ -68,7 +68,7 @@ def why_not(model) -> str | None:
 
 def gguf_for(model, qtype: str) -> Path:
     """The GGUF of `model`'s current weights in `qtype`, exported once into the cache."""
-    from exactspec.drafters.quantized import _fingerprint
+    from exactspec.drafters.quantized_llama_cpp import fingerprint as _fingerprint
     from exactspec.models.gguf_export import export_gguf
     from exactspec.models.registry import cache_root
 

@@ -103,7 +103,7 @@ def _free_at_exit() -> None:
     """Free every draft's contexts at interpreter exit while llama_cpp is still whole: a
     `__del__` run later, during shutdown, finds its functions torn down (None)."""
     for draft in list(_LIVE):
-        draft._free()
+        draft.free()
 
 
 class GgufDraft:
@@ -141,19 +141,23 @@ class GgufDraft:
         # nothing left after `_free_at_exit` (interpreter exit, when llama_cpp and this
         # module's globals may already be torn down): then touch nothing
         if self.__dict__.get("_ctxs"):
-            self._free()
+            self.free()
 
-    def _free(self) -> None:
+    def free(self) -> None:
+        """Free its llama.cpp contexts (the model stays loaded: `unload`); `begin` makes new
+        ones."""
         for ctx in getattr(self, "_ctxs", []):
             self._lib.llama_free(ctx)
         self._ctxs = []
+
+    _free = free  # the former name (tests/models/test_gguf_export.py frees a draft with it)
 
     def begin(self, context: DraftContext, target: TargetInfo) -> None:
         if self.vocab_size != target.vocab_size:
             raise InvalidValue(
                 f"vocabulary mismatch: the GGUF {Path(self.path).name!r} has {self.vocab_size} "
                 f"tokens, the target {target.vocab_size}; give the target's own GGUF")
-        self._free()
+        self.free()
         b, width = context.tokens.shape
         self._ctxs, self._mems, self._caps, self._slots, self._counts = [], [], [], [], []
         self._where = self._new_contexts(max(b, 1), width)[:b]

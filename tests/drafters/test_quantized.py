@@ -46,7 +46,7 @@ BACKENDS = ["torch", pytest.param("llama.cpp", marks=pytest.mark.skipif(
 
 def _built(drafter: QuantizedDraft):
     """What the drafter built from the target's weights (the lean copy or the GGUF draft)."""
-    return drafter.forward if drafter.backend == "torch" else drafter._gguf
+    return drafter.forward if drafter.backend == "torch" else drafter.gguf
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -143,7 +143,7 @@ def test_auto_forced_by_the_environment_drafts_with_it_greedy_equals_plain(
         out = generate(target, prompts, drafter=drafter, params=GREEDY, max_new_tokens=24,
                        num_draft_tokens=4)
     assert drafter.backend == forced
-    assert (drafter._gguf is not None) == (forced == "llama.cpp")
+    assert (drafter.gguf is not None) == (forced == "llama.cpp")
     assert not [r for r in caplog.records if r.name == quantized_auto.__name__]
     plain = generate(target, prompts, params=GREEDY, max_new_tokens=24)
     assert [g.token_ids for g in out] == [g.token_ids for g in plain]
@@ -177,7 +177,7 @@ def test_auto_measures_once_per_target_logs_both_costs_and_uses_the_faster(
     plain = generate(target, prompts, params=GREEDY, max_new_tokens=16)
     assert [g.token_ids for g in out] == [g.token_ids for g in plain]
     if drafter.backend == "torch":  # the slower llama.cpp copy is not kept loaded
-        assert drafter._gguf is None
+        assert drafter.gguf is None
     caplog.clear()
     run()  # the cached pick, no second measurement
     with torch.no_grad():  # nor after an in-place policy update (the shapes set the costs)
@@ -202,7 +202,7 @@ def test_auto_takes_the_torch_draft_on_the_target_cache_unmeasured(monkeypatch, 
                        max_new_tokens=16, num_draft_tokens=4)
     assert drafter.backend == "torch" and drafter._shared is not None
     assert not [r for r in caplog.records if r.name == quantized_auto.__name__]
-    assert target not in quantized_auto.COSTS and drafter._gguf is None
+    assert target not in quantized_auto.COSTS and drafter.gguf is None
     plain = generate(target, [[1, 2, 3, 4], [9, 8]], params=GREEDY, max_new_tokens=16)
     assert [g.token_ids for g in out] == [g.token_ids for g in plain]
 
@@ -248,7 +248,7 @@ def test_auto_uses_the_backend_measured_faster(faster, monkeypatch, caplog):
     assert len(lines) == 1 and lines[0].endswith(f"picks {faster}")
     assert "llama.cpp 1.00 ms" in lines[0] or "llama.cpp 2.00 ms" in lines[0]
     assert drafter.backend == faster
-    assert (drafter._gguf is not None) == (faster == "llama.cpp")
+    assert (drafter.gguf is not None) == (faster == "llama.cpp")
     plain = generate(target, prompts, params=GREEDY, max_new_tokens=16)
     assert [g.token_ids for g in out] == [g.token_ids for g in plain]
     assert sum(g.stats.accepted for g in out) > 0

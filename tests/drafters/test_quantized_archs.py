@@ -60,7 +60,7 @@ def _greedy_equals_plain(model, drafter, new: int = 16) -> None:
 def test_llama_cpp_greedy_equals_plain(model_type, bits):
     drafter = QuantizedDraft(bits, backend="llama.cpp")
     _greedy_equals_plain(target(model_type), drafter)
-    assert drafter.backend == "llama.cpp" and drafter._gguf is not None
+    assert drafter.backend == "llama.cpp" and drafter.gguf is not None
 
 
 @pytest.mark.parametrize("model_type", ARCHS)
@@ -68,7 +68,7 @@ def test_auto_forced_to_llama_cpp_drafts_with_it(model_type, monkeypatch):
     monkeypatch.setenv(quantized_auto.ENV, "llama.cpp")
     drafter = QuantizedDraft(8)
     _greedy_equals_plain(target(model_type), drafter)
-    assert drafter.backend == "llama.cpp" and drafter._gguf is not None
+    assert drafter.backend == "llama.cpp" and drafter.gguf is not None
 
 
 @pytest.mark.parametrize("faster", ["llama.cpp", "torch"])
@@ -93,7 +93,7 @@ def test_auto_measures_both_and_uses_the_faster(model_type, faster, monkeypatch,
     assert sorted(timed) == ["llama.cpp", "torch"]
     lines = [r.getMessage() for r in caplog.records if r.name == quantized_auto.__name__]
     assert len(lines) == 1 and lines[0].endswith(f"picks {faster}")
-    assert drafter.backend == faster and (drafter._gguf is not None) == (faster == "llama.cpp")
+    assert drafter.backend == faster and (drafter.gguf is not None) == (faster == "llama.cpp")
 
 
 @pytest.mark.parametrize("model_type", ["mistral", "qwen2", "qwen3"])
@@ -106,7 +106,7 @@ def test_a_window_llama_cpp_lacks_is_refused_and_auto_drafts_with_torch(model_ty
     monkeypatch.setenv(quantized_auto.ENV, "llama.cpp")  # decides only where both can run
     drafter = QuantizedDraft(8)
     _greedy_equals_plain(model, drafter)
-    assert drafter.backend == "torch" and drafter._gguf is None
+    assert drafter.backend == "torch" and drafter.gguf is None
 
 
 @pytest.mark.parametrize("model_type", ["qwen2", "gemma3_text"])  # Mistral is llama.cpp's llama
@@ -131,7 +131,7 @@ def llama_cpp_table(path, prompt, vocab: int, depth: int):
         draft.begin(_context(rows, vocab), _info(vocab))
         return draft._decode([(0, r) for r in rows]).double()  # [S, V]
     finally:
-        draft._free()
+        draft.free()
 
 
 def test_a_wrong_llama_cpp_drafter_is_caught(tmp_path):
