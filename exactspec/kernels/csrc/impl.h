@@ -242,46 +242,6 @@ static void rope(float* x, int64_t ldx, int64_t heads, int64_t d, const float* c
   }
 }
 
-// ---- attention of one query over its visible keys, in key order ----
-static void attend(const float* q, const float* k, const float* v, int64_t ldk, int64_t S,
-                   int64_t d, const uint8_t* visible, float scale, float* scores, float* o) {
-  float mx = -__builtin_inff();
-  int64_t last = -1;  // the last visible key
-  for (int64_t j = 0; j < S; ++j) {
-    if (visible && !visible[j]) {
-      scores[j] = 0.0f;
-      continue;
-    }
-    const float s = dot(q, k + j * ldk, d) * scale;
-    scores[j] = s;
-    mx = s > mx ? s : mx;
-    last = j;
-  }
-  for (int64_t i = 0; i < d; ++i) o[i] = 0.0f;
-  if (last < 0) return;  // no visible key (a padding query): zeros
-  // exp in chunks of 16 keys fixed by key index: each value depends on its own score only
-  const V vmx = vset1(mx);
-  for (int64_t j = 0; j <= last; j += 16) {
-    const int64_t r = last + 1 - j < 16 ? last + 1 - j : 16;
-    float out[16];
-    vstore(out, vexp(vsub(r == 16 ? vload(scores + j) : loadx_tail(scores + j, r), vmx)));
-    for (int64_t t = 0; t < r; ++t) scores[j + t] = out[t];
-  }
-  float sum = 0.0f;
-  for (int64_t j = 0; j <= last; ++j)
-    if (!visible || visible[j]) sum += scores[j];
-  for (int64_t c = 0; c < d; c += 16) {
-    const int64_t r = d - c < 16 ? d - c : 16;
-    V acc = vzero();
-    for (int64_t j = 0; j <= last; ++j) {
-      if (visible && !visible[j]) continue;
-      const float* vj = v + j * ldk + c;
-      acc = vfma(vset1(scores[j]), r == 16 ? vload(vj) : loadx_tail(vj, r), acc);
-    }
-    float out[16];
-    vstore(out, vdiv(acc, vset1(sum)));
-    for (int64_t t = 0; t < r; ++t) o[c + t] = out[t];
-  }
-}
+// (attention: impl_attn.h)
 
 // (the unit's `const Isa isa` table is at the end of impl_act.h, included after this file)

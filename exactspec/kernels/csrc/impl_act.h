@@ -18,5 +18,6 @@ static void gelu_tanh_mul(const float* g, int64_t I, float* y, int64_t m0, int64
 }
 
 #include "impl_w8a16.h"
-const Isa isa = {ES_NAME, linear, rms_norm, silu_mul, rope, attend, gelu_tanh_mul,
+#include "impl_attn.h"
+const Isa isa = {ES_NAME, linear, rms_norm, silu_mul, rope, attend_many, gelu_tanh_mul,
                  linear_w8a16, quantize_i16};

@@ -31,10 +31,13 @@ struct Isa {
   // in place on `heads` heads of d values at x + m * ldx, with cos/sin [M, d], for m in [m0, m1)
   void (*rope)(float* x, int64_t ldx, int64_t heads, int64_t d, const float* cos,
                const float* sin, int64_t m0, int64_t m1);
-  // one query: o[d] = sum_j softmax(scale * q.k_j)_j v_j over visible keys j < S (visible[j]
-  // != 0, or all when visible is null), in key order; k_j = k + j * ldk; scores: S floats
-  void (*attend)(const float* q, const float* k, const float* v, int64_t ldk, int64_t S,
-                 int64_t d, const uint8_t* visible, float scale, float* scores, float* o);
+  // nq <= 64 queries qs[i] of d floats over the keys k_j = k + j * ldk, j < S (values v
+  // alike), query i seeing the keys with vis[i][j] != 0 (all when vis[i] is null): o[i][:d] =
+  // sum_j softmax(scale * q.k_j)_j v_j over its visible keys, in key order, each query as it
+  // would be alone (zeros when it sees no key); scratch: nq * (S + 16) floats (impl_attn.h)
+  void (*attend_many)(int64_t nq, const float* const* qs, const uint8_t* const* vis,
+                      const float* k, const float* v, int64_t ldk, int64_t S, int64_t d,
+                      float scale, float* scratch, float* const* o);
   // y[m, i] = gelu_tanh(g[m, i]) * g[m, I + i], g: [M, 2I], for m in [m0, m1) (impl_act.h)
   void (*gelu_tanh_mul)(const float* g, int64_t I, float* y, int64_t m0, int64_t m1);
   // y[m, n] = (float(sum_k xq[m, k] w[n, k]) * sx[m]) * scale[n] (the sum exact, in integers)

@@ -51,6 +51,32 @@ static inline float vhsum(V x) {
   __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
   return _mm_cvtss_f32(s1);
 }
+// out[i] = vhsum(a[i]) for 16 vectors, bit for bit: the same pairs added in the same tree
+// (halves, quarters, pairs), two vectors' stages per instruction, in two groups of 8
+static inline void vhsum16(const V* a, float* out) {
+  for (int g = 0; g < 2; ++g) {
+    const V* x = a + 8 * g;
+    __m256 u[4], v[2];
+    for (int r = 0; r < 4; ++r) {  // 128-bit half h: x[2r + h]'s s8[i] + s8[i+4]
+      const __m256 s0 = _mm256_add_ps(x[2 * r].a, x[2 * r].b);
+      const __m256 s1 = _mm256_add_ps(x[2 * r + 1].a, x[2 * r + 1].b);
+      u[r] = _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20),
+                           _mm256_permute2f128_ps(s0, s1, 0x31));
+    }
+    for (int s = 0; s < 2; ++s)
+      v[s] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * s], u[2 * s + 1], 0x44),
+                           _mm256_shuffle_ps(u[2 * s], u[2 * s + 1], 0xEE));
+    // lane 4h + l: the sum of x[2l + h]
+    const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(v[0], v[1], 0x88),
+                                   _mm256_shuffle_ps(v[0], v[1], 0xDD));
+    const __m256i idx = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    _mm256_storeu_ps(out + 8 * g, _mm256_permutevar8x32_ps(w, idx));
+  }
+}
+// the tiling of attention's values (impl_attn.h; no effect on any result): queries x chunks
+// of 16 of d in registers
+#define ES_ATT_G 2
+#define ES_ATT_CW 2
 // the tiling of the matrix product (see vec_avx512.h)
 #define ES_ROWS_NR1 1  // rows of x up to which tiles of ES_NR1 are used
 #define ES_NR1 4  // columns of W per tile for one row of x

@@ -46,6 +46,29 @@ static inline float vhsum(V a) {
   __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
   return _mm_cvtss_f32(s1);
 }
+// out[i] = vhsum(a[i]) for 16 vectors, bit for bit: the same pairs added in the same tree
+// (halves, quarters, pairs), four vectors' stages per instruction (attention's scores)
+static inline void vhsum16(const V* a, float* out) {
+  __m512 t[8], u[4], v[2];
+  for (int p = 0; p < 8; ++p)  // lanes 0-7: a[2p]'s l[i] + l[i+8]; lanes 8-15: a[2p+1]'s
+    t[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p].v, a[2 * p + 1].v, 0x44),
+                         _mm512_shuffle_f32x4(a[2 * p].v, a[2 * p + 1].v, 0xEE));
+  for (int r = 0; r < 4; ++r)  // block b: a[4r + b]'s s8[i] + s8[i+4]
+    u[r] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * r], t[2 * r + 1], 0x88),
+                         _mm512_shuffle_f32x4(t[2 * r], t[2 * r + 1], 0xDD));
+  for (int s = 0; s < 2; ++s)  // block b: [s4[0]+s4[2], s4[1]+s4[3]] of a[8s + b], a[8s + 4 + b]
+    v[s] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * s], u[2 * s + 1], 0x44),
+                         _mm512_shuffle_ps(u[2 * s], u[2 * s + 1], 0xEE));
+  // lane 4b + l: the sum of a[4l + b]
+  const __m512 w = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], 0x88),
+                                 _mm512_shuffle_ps(v[0], v[1], 0xDD));
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(idx, w));
+}
+// the tiling of attention's values (impl_attn.h; no effect on any result): queries x chunks
+// of 16 of d in registers
+#define ES_ATT_G 6
+#define ES_ATT_CW 4
 // the tiling of the matrix product (impl.h's linear_t; no effect on any result)
 #define ES_ROWS_NR1 1  // rows of x up to which tiles of ES_NR1 are used
 #define ES_NR1 16  // columns of W per tile for one row of x

@@ -45,7 +45,14 @@ static inline float vhsum(V a) {
   float s2a = s4[0] + s4[2], s2b = s4[1] + s4[3];
   return s2a + s2b;
 }
+static inline void vhsum16(const V* a, float* out) {  // out[i] = vhsum(a[i])
+  for (int i = 0; i < 16; ++i) out[i] = vhsum(a[i]);
+}
 #undef ES_LANES
+// the tiling of attention's values (impl_attn.h; no effect on any result): queries x chunks
+// of 16 of d in registers
+#define ES_ATT_G 1
+#define ES_ATT_CW 4
 // the tiling of the matrix product (see vec_avx512.h)
 #define ES_ROWS_NR1 1  // rows of x up to which tiles of ES_NR1 are used
 #define ES_NR1 8  // columns of W per tile for one row of x

@@ -1,0 +1,212 @@
+// Attention for a group of queries that read the same keys and values (the query heads of one
+// key/value head, at one or more positions), written once over the 16-lane type V of the
+// including unit, included after impl.h inside one namespace per ISA.
+//
+// Each query's output is computed exactly as it would be alone, so it never depends on which
+// other queries share the call, on how many keys follow its last visible one, or on the thread:
+// - score_j = dot(q, k_j) * scale for its visible keys j (impl.h's dot: 16 lanes along d in
+//   index order, one horizontal-sum tree; here 16 keys' sums at once by vhsum16, which adds
+//   the same pairs in the same tree);
+// - mx = the largest visible score (a maximum: the order does not matter);
+// - e_j = exp(score_j - mx) in chunks of 16 fixed by key index, elementwise;
+// - sum = e_0 + e_1 + ... over the visible keys, one add after another in key order;
+// - o[c] = (sum over visible j, in key order, of e_j v_j[c], fused multiply-adds in one lane
+//   per c) / sum.
+// Only the loops around those reductions are tiled: the keys in blocks of 16 against every
+// query of the group while they are in L1, the values against ES_ATT_G queries at a time with
+// ES_ATT_CW chunks of 16 of d in registers, so no output waits on one chain of multiply-adds.
+#pragma once
+
+// the last key a query sees (-1: none), and whether it sees every key up to it; the mask read
+// 8 bytes at a time (bool bytes: 0 or 1)
+static int64_t last_visible(const uint8_t* visible, int64_t S, bool* dense) {
+  *dense = true;
+  if (!visible) return S - 1;
+  int64_t j = S;
+  for (; j >= 8; j -= 8) {
+    uint64_t w;
+    std::memcpy(&w, visible + j - 8, 8);
+    if (w) break;
+  }
+  while (j > 0 && !visible[j - 1]) --j;
+  const int64_t last = j - 1;
+  int64_t i = 0;
+  for (; i + 8 <= last + 1; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, visible + i, 8);
+    if ((w - 0x0101010101010101ULL) & ~w & 0x8080808080808080ULL) break;  // a zero byte
+  }
+  for (; i <= last; ++i)
+    if (!visible[i]) {
+      *dense = false;
+      break;
+    }
+  return last;
+}
+
+// scores of the query q against keys [j0, j0 + n), n <= 16: 16 dot-product accumulators, then
+// one vhsum16; lane t = dot(q, k_{j0+t}) * scale (t < n)
+static inline V scores16(const float* q, const float* k, int64_t ldk, int64_t j0, int64_t n,
+                         int64_t d, float scale) {
+  V acc[16];
+  ES_UNROLL for (int t = 0; t < 16; ++t) acc[t] = vzero();
+  int64_t c = 0;
+  if (n == 16) {  // unrolled: the 16 accumulators stay in registers
+    for (; c + 16 <= d; c += 16) {
+      const V qv = vload(q + c);
+      ES_UNROLL for (int t = 0; t < 16; ++t)
+        acc[t] = vfma(qv, vload(k + (j0 + t) * ldk + c), acc[t]);
+    }
+  } else {
+    for (; c + 16 <= d; c += 16) {
+      const V qv = vload(q + c);
+      for (int64_t t = 0; t < n; ++t) acc[t] = vfma(qv, vload(k + (j0 + t) * ldk + c), acc[t]);
+    }
+  }
+  if (c < d) {
+    const V qv = loadx_tail(q + c, d - c);
+    for (int64_t t = 0; t < n; ++t)
+      acc[t] = vfma(qv, loadx_tail(k + (j0 + t) * ldk + c, d - c), acc[t]);
+  }
+  float out[16];
+  vhsum16(acc, out);
+  return vmul(vload(out), vset1(scale));
+}
+
+// o_g += e_g[j] v_j over the visible keys j <= last_g, in key order, for G queries and the
+// chunks [c0, c0 + 16 CW) of d (acc in registers), then o_g = acc / sum_g
+template <int G, int CW>
+static void values_tile(const float* const* e, const uint8_t* const* vis, const int64_t* last,
+                        const float* sum, const float* v, int64_t ldk, int64_t d, int64_t c0,
+                        float* const* o) {
+  V acc[G][CW];
+  ES_UNROLL for (int g = 0; g < G; ++g)
+    ES_UNROLL for (int c = 0; c < CW; ++c) acc[g][c] = vzero();
+  const int64_t width = d - c0 < 16 * CW ? d - c0 : 16 * CW;
+  int64_t L = -1;
+  for (int g = 0; g < G; ++g) L = last[g] > L ? last[g] : L;
+  for (int64_t j = 0; j <= L; ++j) {
+    const float* vj = v + j * ldk + c0;
+    V vv[CW];
+    ES_UNROLL for (int c = 0; c < CW; ++c) {
+      const int64_t r = width - 16 * c;
+      vv[c] = r >= 16 ? vload(vj + 16 * c) : r > 0 ? loadx_tail(vj + 16 * c, r) : vzero();
+    }
+    ES_UNROLL for (int g = 0; g < G; ++g) {
+      if (j > last[g] || (vis[g] && !vis[g][j])) continue;
+      const V p = vset1(e[g][j]);
+      ES_UNROLL for (int c = 0; c < CW; ++c) acc[g][c] = vfma(p, vv[c], acc[g][c]);
+    }
+  }
+  ES_UNROLL for (int g = 0; g < G; ++g) {
+    if (last[g] < 0) continue;
+    const V den = vset1(sum[g]);
+    ES_UNROLL for (int c = 0; c < CW; ++c) {
+      const int64_t r = width - 16 * c;
+      if (r <= 0) break;
+      float out[16];
+      vstore(out, vdiv(acc[g][c], den));
+      for (int64_t t = 0; t < (r < 16 ? r : 16); ++t) o[g][c0 + 16 * c + t] = out[t];
+    }
+  }
+}
+
+// sum[g] = e[g][0] + e[g][1] + ... over the keys j <= last[g] that query g sees, one add
+// after another in key order, for n <= 8 queries side by side in registers. A key not seen adds
+// +0, which leaves every sum of exponentials (never -0) as it is.
+static void sums8(int64_t n, float* const* e, const uint8_t* const* mask, const int64_t* last,
+                  float* sum) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const float* p[8];
+  const uint8_t* m[8];
+  int64_t lst[8], L = -1;
+  ES_UNROLL for (int g = 0; g < 8; ++g) {
+    p[g] = g < n ? e[g] : e[0];
+    m[g] = g < n ? mask[g] : nullptr;
+    lst[g] = g < n ? last[g] : -1;
+    L = lst[g] > L ? lst[g] : L;
+  }
+  for (int64_t j = 0; j <= L; ++j)
+    ES_UNROLL for (int g = 0; g < 8; ++g) {
+      const bool seen = j <= lst[g] && (!m[g] || m[g][j]);
+      acc[g] += seen ? p[g][j] : 0.0f;
+    }
+  for (int64_t g = 0; g < n; ++g) sum[g] = acc[g];
+}
+
+// nq queries qs[i] (d floats each) over the keys k_j = k + j * ldk, j < S (values alike),
+// query i seeing the keys with vis[i][j] != 0 (all when vis[i] is null): o[i] = its attention
+// output (zeros when it sees no key). scratch: nq * (S + 16) floats.
+static void attend_many(int64_t nq, const float* const* qs, const uint8_t* const* vis,
+                        const float* k, const float* v, int64_t ldk, int64_t S, int64_t d,
+                        float scale, float* scratch, float* const* o) {
+  constexpr int64_t kMaxQ = 64;
+  int64_t last[kMaxQ];
+  float sum[kMaxQ], top[kMaxQ];
+  float* e[kMaxQ];
+  const uint8_t* mask[kMaxQ];  // null where the query sees every key up to its last one
+  int64_t L = -1;
+  for (int64_t i = 0; i < nq; ++i) {
+    bool dense;
+    last[i] = last_visible(vis[i], S, &dense);
+    mask[i] = dense ? nullptr : vis[i];
+    L = last[i] > L ? last[i] : L;
+    e[i] = scratch + i * (S + 16);
+    top[i] = -__builtin_inff();
+    for (int64_t c = 0; c < d; ++c) o[i][c] = 0.0f;
+  }
+  // the scores, a block of 16 keys against every query while the block is in L1 (0 for the
+  // keys a query does not see), and each query's largest visible score
+  const V ninf = vset1(-__builtin_inff());
+  V mx[kMaxQ];
+  for (int64_t i = 0; i < nq; ++i) mx[i] = ninf;
+  for (int64_t j0 = 0; j0 <= L; j0 += 16) {
+    for (int64_t i = 0; i < nq; ++i) {
+      if (j0 > last[i]) continue;
+      const int64_t n = last[i] + 1 - j0 < 16 ? last[i] + 1 - j0 : 16;
+      const V sv = scores16(qs[i], k, ldk, j0, n, d, scale);
+      float* s = e[i] + j0;
+      if (n == 16 && !mask[i]) {
+        vstore(s, sv);
+        mx[i] = vmax(sv, mx[i]);  // a NaN score is passed over, as `s > mx ? s : mx`
+        continue;
+      }
+      float out[16];
+      vstore(out, sv);
+      for (int64_t t = 0; t < n; ++t) {
+        const bool seen = !mask[i] || mask[i][j0 + t];
+        s[t] = seen ? out[t] : 0.0f;
+        if (seen) top[i] = out[t] > top[i] ? out[t] : top[i];
+      }
+    }
+  }
+  for (int64_t i = 0; i < nq; ++i) {
+    if (last[i] < 0) continue;
+    float m[16];
+    vstore(m, mx[i]);
+    for (int t = 0; t < 16; ++t) top[i] = m[t] > top[i] ? m[t] : top[i];
+    // exp in chunks of 16 fixed by key index: each value depends on its own score only
+    const V vtop = vset1(top[i]);
+    float* s = e[i];
+    for (int64_t j = 0; j <= last[i]; j += 16) {
+      const int64_t r = last[i] + 1 - j < 16 ? last[i] + 1 - j : 16;
+      if (r == 16) {
+        vstore(s + j, vexp(vsub(vload(s + j), vtop)));
+        continue;
+      }
+      float out[16];
+      vstore(out, vexp(vsub(loadx_tail(s + j, r), vtop)));
+      for (int64_t t = 0; t < r; ++t) s[j + t] = out[t];
+    }
+  }
+  // the sums, one add after another in key order per query (8 queries' chains side by side)
+  for (int64_t i = 0; i < nq; i += 8) sums8(nq - i < 8 ? nq - i : 8, e + i, mask + i, last + i, sum + i);
+  // the values: ES_ATT_G queries at a time against ES_ATT_CW chunks of 16 of d
+  int64_t i = 0;
+  for (; i + ES_ATT_G <= nq; i += ES_ATT_G)
+    for (int64_t c0 = 0; c0 < d; c0 += 16 * ES_ATT_CW)
+      values_tile<ES_ATT_G, ES_ATT_CW>(e + i, mask + i, last + i, sum + i, v, ldk, d, c0, o + i);
+  for (; i < nq; ++i)
+    for (int64_t c0 = 0; c0 < d; c0 += 16 * ES_ATT_CW)
+      values_tile<1, ES_ATT_CW>(e + i, mask + i, last + i, sum + i, v, ldk, d, c0, o + i);
+}
