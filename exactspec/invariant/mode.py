@@ -46,7 +46,7 @@ from exactspec import kernels
 from exactspec.errors import InvalidValue
 from exactspec.invariant import ops
 from exactspec.models.lean import LeanLlama
-from exactspec.models.lean_kernels import ROPE_CHUNK, STATIC_ROPE
+from exactspec.models.rope_table import STATIC_ROPE, rope_table
 
 log = logging.getLogger(__name__)
 _LOCK = threading.RLock()
@@ -54,7 +54,7 @@ _WARNED: set[str] = set()  # model kinds warned about by warn_if_uncovered (once
 # "on": the overrides are installed; "manual": set_batch_invariant's setting; "depth": open
 # `batch_invariant()` blocks (any thread); while on, "lib" and "saved_attn" (what to restore)
 _STATE: dict[str, object] = {"on": False, "manual": False, "depth": 0}
-_ROPE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # rotary -> (key, cos, sin)
+_ROPE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # rotary -> (key, (cos, sin))
 _ORIG: dict[str, object] = {}  # name -> the original function a swap replaced
 
 
@@ -149,34 +149,22 @@ def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return _ORIG["rms_norm"](self, hidden_states)
 
 
-def rope_table(rotary, need: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin ([P >= need, d] float32) of the model's own rotary module, filled in chunks of
-    ROPE_CHUNK positions exactly as the lean forward fills its table (same calls, same bits)."""
+def rotary_table(rotary, need: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin ([P >= need, d] float32) of the model's own rotary module: the lean forward's
+    table (`models/rope_table.py`, the same calls, the same bits), kept per rotary module."""
     key = (rotary.inv_freq.data_ptr(), rotary.inv_freq._version, device)
     entry = _ROPE.get(rotary)
-    if entry is None or entry[0] != key:
-        entry = (key, None, None)
-    _, cos, sin = entry
-    have = 0 if cos is None else cos.shape[0]
-    if need > have:
-        forward = _ORIG.get("rotary", type(rotary).forward)
-        dummy = torch.zeros((), dtype=torch.float32, device=device)
-        parts_c, parts_s = [] if cos is None else [cos], [] if sin is None else [sin]
-        with torch.no_grad():
-            for start in range(have, need, ROPE_CHUNK):
-                pos = torch.arange(start, start + ROPE_CHUNK, device=device)[None]
-                c, s = forward(rotary, dummy, pos)  # [1, ROPE_CHUNK, d]
-                parts_c.append(c[0].float())
-                parts_s.append(s[0].float())
-        cos, sin = torch.cat(parts_c), torch.cat(parts_s)
-        _ROPE[rotary] = (key, cos, sin)
-    return cos, sin
+    table = entry[1] if entry is not None and entry[0] == key else None
+    forward = _ORIG.get("rotary", type(rotary).forward)
+    table = rope_table(lambda x, pos: forward(rotary, x, pos), need, device, table)
+    _ROPE[rotary] = (key, table)
+    return table
 
 
 def _rotary_forward(self, x: torch.Tensor, position_ids: torch.Tensor):
     if getattr(self, "rope_type", "default") not in STATIC_ROPE or position_ids.numel() == 0:
         return _ORIG["rotary"](self, x, position_ids)
-    cos, sin = rope_table(self, int(position_ids.max()) + 1, position_ids.device)
+    cos, sin = rotary_table(self, int(position_ids.max()) + 1, position_ids.device)
     return cos[position_ids].to(x.dtype), sin[position_ids].to(x.dtype)  # [B, T, d]
 
 

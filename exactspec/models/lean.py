@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -24,33 +23,11 @@ from exactspec.models.cache import SlotCache
 from exactspec.models.formats import FORMATS, Matrix, make_matrix
 from exactspec.models.lean_arch import ARCHS, layer_kinds, refusal
 from exactspec.models.lean_kernels import forward_kernels
+from exactspec.models.lean_layer import LayerShape, LeanLayer
 
 log = logging.getLogger(__name__)
 
 Masks = torch.Tensor | dict[str, torch.Tensor] | None  # one bool mask, or one per layer kind
-
-
-@dataclass
-class LeanLayer:
-    """One decoder layer's weights as the lean forward uses them."""
-
-    kind: str  # "full_attention" | "sliding_attention": the mask it takes
-    eps: float  # its norms' epsilon
-    norm_in: torch.Tensor  # [H] input RMSNorm weight (1 + w for unit-offset norms)
-    qkv: Matrix  # fused q / k / v product
-    qkv_bias: torch.Tensor | None  # [(h + 2 kv) d] added after the product, or None
-    q_norm: torch.Tensor | None  # [d] RMSNorm of each q head before RoPE, or None
-    k_norm: torch.Tensor | None  # [d] of each k head, or None
-    o: Matrix  # attention output product
-    norm_attn_out: torch.Tensor | None  # [H] norm of the attention output (sandwich) or None
-    norm_mlp_in: torch.Tensor  # [H] pre-MLP norm (Llama's post_attention_layernorm)
-    gate_up: Matrix  # fused gate / up product
-    down: Matrix  # MLP output product
-    norm_mlp_out: torch.Tensor | None  # [H] norm of the MLP output (sandwich) or None
-
-    @property
-    def matrices(self) -> tuple[Matrix, ...]:
-        return (self.qkv, self.o, self.gate_up, self.down)
 
 
 def _eps(norm) -> float:
@@ -99,11 +76,11 @@ class LeanLlama:
         self.group_size = group_size  # int4 group along the input dimension
         # activations and KV cache in the model's own dtype (float32, or bfloat16 for a bf16
         # model): a quantized draft casts only each product's input, since bf16 attention and
-        # norms are slow on CPUs without native bf16 (SDPA 433 vs 66 us a layer, AVX2)
+        # norms are slow on CPUs without native bf16 (docs/performance.md)
         self.dtype = next(model.parameters()).dtype
         # our kernels (CPU, built): activations and cache in float32, else torch's operators
         self.kernels = next(model.parameters()).device.type == "cpu" and kernels.enabled()
-        # kernels: per layer kind, [P, d] float32 RoPE tables grown in chunks of ROPE_CHUNK
+        # kernels: per layer kind, [P, d] float32 RoPE tables (models/rope_table.py)
         self._rope: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.rotary = inner.rotary_emb  # the model's own RoPE (scaling variants included)
         self.embed = inner.embed_tokens  # shared with the model (no copy; Gemma's scales)
@@ -121,6 +98,12 @@ class LeanLlama:
             self.head = self._matrix([model.lm_head.weight])
         self.sliding = any(x.kind == "sliding_attention" for x in self.layers)  # masks per kind
         self.versions = self._versions(model)
+
+    @property
+    def shape(self) -> LayerShape:
+        """What every layer shares, as the three paths of a layer read it (lean_layer.py)."""
+        return LayerShape(heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
+                          scale=self.scaling, act=self.arch.act)
 
     def _layer(self, layer, kind: str) -> LeanLayer:
         a, m, sandwich = layer.self_attn, layer.mlp, self.arch.sandwich
@@ -218,7 +201,8 @@ class LeanLlama:
         n_states = len(self.layers) + 1
         want = None if hidden_layers is None else {j % n_states for j in hidden_layers}
         states: dict[int, torch.Tensor] = {}
-        h, kv, d = self.heads, self.kv_heads, self.head_dim
+        shape = self.shape
+        h, kv, d = shape.heads, shape.kv_heads, shape.head_dim
         x = self.embed(tokens).to(self.dtype)  # [B, T, H]
         ropes = {}
         for kind in {layer.kind for layer in self.layers}:
@@ -242,13 +226,13 @@ class LeanLlama:
             v = y[..., (h + kv) * d:].view(b, t, kv, d).transpose(1, 2)  # [B, kv, T, d]
             k, v = cache.update(k, v, i)  # [B, kv, S, d]
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask_of(mask, layer.kind),
-                                               scale=self.scaling, enable_gqa=h != kv)
+                                               scale=shape.scale, enable_gqa=h != kv)
             o = layer.o(o.transpose(1, 2).reshape(b, t, h * d), c)  # [B, T, H]
             if layer.norm_attn_out is not None:
                 o = norm(o, layer.norm_attn_out, layer.eps)
             x = x + o
             gate, up = layer.gate_up(norm(x, layer.norm_mlp_in, layer.eps), c).chunk(2, dim=-1)
-            act = F.silu(gate) if self.arch.act == "silu" else F.gelu(gate, approximate="tanh")
+            act = F.silu(gate) if shape.act == "silu" else F.gelu(gate, approximate="tanh")
             out = layer.down(act * up, c)
             if layer.norm_mlp_out is not None:
                 out = norm(out, layer.norm_mlp_out, layer.eps)

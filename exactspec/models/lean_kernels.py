@@ -3,9 +3,12 @@
 Every operator reduces each output element in a fixed order of its own inputs, and the rest is
 indexing, copies and elementwise additions (exact), so a position's logits do not depend on
 the width of the call, the other rows, the cache's view length or the thread count. RoPE's
-cos / sin come from a table (one per layer kind) that the model's own rotary module fills in fixed chunks of
-ROPE_CHUNK positions (one shape per call, below torch's threading grain), so a position's
-angles are the same numbers whichever call first needed them.
+cos / sin come from a table per layer kind (`models/rope_table.py`), so a position's angles
+are the same numbers whichever call first needed them.
+
+A layer runs either operator by operator (the loop of `forward_kernels`) or as one call of the
+fused operator (`exactspec::decoder_stack`, csrc/ops_layer.cpp), the same operators in the same
+order; both read the layer's declaration (`models/lean_layer.py`).
 """
 
 from __future__ import annotations
@@ -16,12 +19,12 @@ import torch
 
 from exactspec import kernels
 from exactspec.models.cache import SlotCache
+from exactspec.models.lean_layer import FusedArgs, fused_args
+from exactspec.models.rope_table import STATIC_ROPE, rope_table
 
 log = logging.getLogger(__name__)
 
 FUSED = True  # one operator per decoder layer where every product has a kernel (tests: False)
-ROPE_CHUNK = 64  # positions per table fill; 64 * head_dim (<= 256) < torch's grain of 32768
-STATIC_ROPE = ("default", "linear", "llama3", "yarn", "ntk")  # inv_freq fixed per model
 
 
 def rope_rows(lean, positions: torch.Tensor,
@@ -32,23 +35,14 @@ def rope_rows(lean, positions: torch.Tensor,
     rope_type = getattr(lean.rotary, "rope_type", "default")
     if isinstance(rope_type, dict):  # per layer kind
         rope_type = rope_type.get(kind, "default")
-    dummy = torch.zeros((), dtype=torch.float32, device=positions.device)
     if rope_type not in STATIC_ROPE:  # inv_freq depends on the sequence length: no table
+        dummy = torch.zeros((), dtype=torch.float32, device=positions.device)
         cos, sin = lean.rope_of(dummy, flat[None], kind)  # [1, M, d]
         return cos[0].float(), sin[0].float()
     need = int(flat.max()) + 1 if flat.numel() else 0
-    table = lean._rope.get(kind)
-    have = 0 if table is None else table[0].shape[0]
-    if need > have:
-        cos_parts, sin_parts = [], []
-        for start in range(have, need, ROPE_CHUNK):
-            pos = torch.arange(start, start + ROPE_CHUNK, device=positions.device)[None]
-            cos, sin = lean.rope_of(dummy, pos, kind)  # [1, ROPE_CHUNK, d]
-            cos_parts.append(cos[0].float())
-            sin_parts.append(sin[0].float())
-        old_c, old_s = ([], []) if table is None else ([table[0]], [table[1]])
-        table = lean._rope[kind] = (torch.cat([*old_c, *cos_parts]),  # [P, d]
-                                    torch.cat([*old_s, *sin_parts]))
+    table = rope_table(lambda x, pos: lean.rope_of(x, pos, kind), need, positions.device,
+                       lean._rope.get(kind))
+    lean._rope[kind] = table  # [P, d] each
     return table[0][flat], table[1][flat]
 
 
@@ -59,14 +53,15 @@ def forward_kernels(lean, tokens: torch.Tensor, positions: torch.Tensor, cache: 
     # tokens, positions: [B, T]
     b, t = tokens.shape
     m = b * t
-    h, kv, d = lean.heads, lean.kv_heads, lean.head_dim
+    shape = lean.shape  # what every layer shares (lean_layer.LayerShape)
+    h, kv, d = shape.heads, shape.kv_heads, shape.head_dim
     n_states = len(lean.layers) + 1
     want = None if hidden_layers is None else {j % n_states for j in hidden_layers}
     states: dict[int, torch.Tensor] = {}
     x = lean.embed(tokens).reshape(m, -1).float()  # [M, H]
     ropes = {kind: rope_rows(lean, positions, kind)  # [M, d] each
              for kind in {layer.kind for layer in lean.layers}}
-    act = kernels.silu_mul if lean.arch.act == "silu" else kernels.gelu_tanh_mul
+    act = kernels.silu_mul if shape.act == "silu" else kernels.gelu_tanh_mul
     norm = kernels.rms_norm
     stack = layer_stack(lean) if FUSED else None
     if stack is not None:  # the loop below in one C++ call: the same bits
@@ -105,7 +100,7 @@ def forward_kernels(lean, tokens: torch.Tensor, positions: torch.Tensor, cache: 
             k = yv[..., h * d: (h + kv) * d].view(b, t, kv, d).transpose(1, 2)  # [B, kv, T, d]
         v = y.view(b, t, -1)[..., (h + kv) * d:].view(b, t, kv, d).transpose(1, 2)
         k, v = cache.update(k, v, i)  # [B, kv, S, d]
-        o = kernels.attention(q, k, v, lean.mask_of(mask, layer.kind), lean.scaling)
+        o = kernels.attention(q, k, v, lean.mask_of(mask, layer.kind), shape.scale)
         o = o.view(m, h * d)  # [M, h d]
         if layer.norm_attn_out is None:
             x = layer.o.kernel(o, residual=x)  # x + o W_o^T
@@ -130,21 +125,13 @@ def forward_kernels(lean, tokens: torch.Tensor, positions: torch.Tensor, cache: 
     return logits if feats is None else (logits, feats)
 
 
-def layer_args(lean) -> list[tuple] | None:
-    """Per kept layer, the arguments of `kernels.layer_stack` (weights, norms, shapes), or None
-    when a product has no kernel of ours (int4's packed product)."""
-    args = []
-    for layer in lean.layers:
-        products = [m.kernel_args() for m in layer.matrices]
-        if any(p is None for p in products):
-            return None
-        (qkv, qkv_s), (o, o_s), (gate_up, gate_up_s), (down, down_s) = products
-        args.append((layer.norm_in, layer.eps, qkv, qkv_s, layer.qkv_bias, layer.q_norm,
-                     layer.k_norm, lean.heads, lean.kv_heads, lean.head_dim, lean.scaling,
-                     o, o_s, layer.norm_attn_out, layer.norm_mlp_in, gate_up, gate_up_s,
-                     0 if lean.arch.act == "silu" else 1, down, down_s, layer.norm_mlp_out,
-                     int(layer.kind == "sliding_attention")))
-    return args
+def layer_args(lean) -> list[FusedArgs] | None:
+    """Per kept layer, the arguments of `kernels.layer_stack` (its declared fields by name:
+    `lean_layer.fused_args`), or None when a product has no kernel of ours (int4's packed
+    product)."""
+    shape = lean.shape
+    args = [fused_args(shape, layer) for layer in lean.layers]
+    return None if any(a is None for a in args) else args
 
 
 def layer_stack(lean):

@@ -8,6 +8,8 @@ comparison can fail."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from exactspec import kernels
 from exactspec.models import lean_kernels
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.lean import lean_forward_for
+from exactspec.models.lean_layer import fused_args
 from tests.models.test_lean_architectures import CASES, model_of
 
 pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="the kernels are not built here")
@@ -61,7 +64,9 @@ def test_a_wrong_fused_layer_is_caught():
     ref = _run(model, fused=False)
     lean = lean_forward_for(model)
     args = lean_kernels.layer_args(lean)
-    args[1] = (*args[1][:14], torch.ones_like(args[1][14]), *args[1][15:])  # norm_mlp_in
+    layer = lean.layers[1]
+    args[1] = fused_args(lean.shape, dataclasses.replace(
+        layer, norm_mlp_in=torch.ones_like(layer.norm_mlp_in)))
     lean._stack = kernels.layer_stack(args)
     got = _run(model, fused=True)
     assert torch.equal(ref[0][..., :64], got[0][..., :64])  # the embeddings: before the layers

@@ -2,13 +2,16 @@
 // sequence of the same operators as exactspec/models/lean_kernels.py's per-operator loop
 // (RMSNorm, fused q/k/v product, bias, q / k norms, RoPE, the SlotCache write, attention, the
 // output product with its residual, the MLP), called as C++ functions (ops.h), so the same
-// bits; what it saves is the per-operator cost of Python and the dispatcher (~20 calls per
-// layer: 3.6 ms of a 25 ms smollm2 step and a third of the int8 draft's step, measured), and
-// a layer stack (LayerStack, built once per forward) keeps the weights' arguments in C++.
+// bits; what it saves is the per-operator cost of Python and the dispatcher (about 20 calls
+// per layer; docs/performance.md), and a layer stack (LayerStack, built once per forward)
+// keeps the weights' arguments in C++. A layer arrives as the fields of its declaration
+// (exactspec/models/lean_layer.py) with their names, checked against kTensorNames /
+// kSettingNames below.
 #include <ATen/ATen.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <string>
 #include <vector>
 
 #include "ops.h"
@@ -34,7 +37,25 @@ at::Tensor add_normed(const at::Tensor& x, const at::Tensor& y,
   return x + rms_norm(y, *norm, eps);
 }
 
-// one decoder layer's weights and shapes (the static arguments of lean_kernels.layer_args)
+// One decoder layer's weights and settings, read from the fields of its declaration
+// (models/lean_layer.py: LayerShape, then LeanLayer), which LayerStack.add receives as two
+// lists in declared order with their names. The names below are that order; add() refuses
+// any other, so a field added to, removed from or moved in the declaration fails loudly when
+// the stack is built instead of shifting the fields after it.
+enum TensorField {
+  kNormIn, kQkv, kQkvScales, kQkvBias, kQNorm, kKNorm, kO, kOScales, kNormAttnOut, kNormMlpIn,
+  kGateUp, kGateUpScales, kDown, kDownScales, kNormMlpOut, kTensorFields
+};
+const char* const kTensorNames[kTensorFields] = {
+    "norm_in", "qkv", "qkv_scales", "qkv_bias", "q_norm", "k_norm", "o", "o_scales",
+    "norm_attn_out", "norm_mlp_in", "gate_up", "gate_up_scales", "down", "down_scales",
+    "norm_mlp_out"};
+enum SettingField { kHeads, kKvHeads, kHeadDim, kScale, kAct, kKind, kEps, kSettingFields };
+// a choice lists its values in index order: act 0 = SiLU, 1 = GELU (tanh); kind 1 = sliding
+const char* const kSettingNames[kSettingFields] = {
+    "heads", "kv_heads", "head_dim", "scale", "act:silu,gelu_tanh",
+    "kind:full_attention,sliding_attention", "eps"};
+
 struct Layer {
   at::Tensor norm_in;
   double eps;
@@ -52,6 +73,45 @@ struct Layer {
   c10::optional<at::Tensor> down_scales, norm_mlp_out;
   int64_t local;  // 1: a sliding-window layer (takes the local RoPE and mask), else 0
 };
+
+// "a, b, c": a list of names, for the messages below
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+template <size_t N>
+void check_layout(const char* what, const std::vector<std::string>& got,
+                  const char* const (&want)[N]) {
+  const std::vector<std::string> expected(want, want + N);
+  TORCH_CHECK(got == expected, "LayerStack.add: the layer's ", what, " fields [", joined(got),
+              "] are not the ", what, " fields of ops_layer.cpp [", joined(expected),
+              "]: models/lean_layer.py's declaration and the C++ operator differ (rebuild the "
+              "kernels, or change both)");
+}
+
+// the one tensor of a required field / the tensor or none of an optional one
+at::Tensor one(const std::vector<std::vector<at::Tensor>>& t, TensorField f) {
+  TORCH_CHECK(t[f].size() == 1, "LayerStack.add: field ", kTensorNames[f], " takes one tensor, got ",
+              t[f].size());
+  return t[f][0];
+}
+c10::optional<at::Tensor> maybe(const std::vector<std::vector<at::Tensor>>& t, TensorField f) {
+  TORCH_CHECK(t[f].size() <= 1, "LayerStack.add: field ", kTensorNames[f],
+              " takes one tensor or none, got ", t[f].size());
+  return t[f].empty() ? c10::optional<at::Tensor>() : c10::optional<at::Tensor>(t[f][0]);
+}
+std::vector<at::Tensor> parts(const std::vector<std::vector<at::Tensor>>& t, TensorField f) {
+  TORCH_CHECK(!t[f].empty(), "LayerStack.add: product ", kTensorNames[f], " has no weights");
+  return t[f];
+}
+int64_t integer(const std::vector<double>& s, SettingField f) {
+  const auto v = static_cast<int64_t>(s[f]);
+  TORCH_CHECK(static_cast<double>(v) == s[f] && v >= 0, "LayerStack.add: setting ",
+              kSettingNames[f], " must be a non-negative integer, got ", s[f]);
+  return v;
+}
 
 // the per-step arguments every layer shares
 struct Step {
@@ -122,19 +182,28 @@ at::Tensor run_layer(const Layer& L, const at::Tensor& x, const at::Tensor& cos,
 struct LayerStack : torch::CustomClassHolder {
   std::vector<Layer> layers;
 
-  void add(at::Tensor norm_in, double eps, std::vector<at::Tensor> qkv,
-           c10::optional<at::Tensor> qkv_scales, c10::optional<at::Tensor> qkv_bias,
-           c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm, int64_t heads,
-           int64_t kv_heads, int64_t head_dim, double scale, std::vector<at::Tensor> o,
-           c10::optional<at::Tensor> o_scales, c10::optional<at::Tensor> norm_attn_out,
-           at::Tensor norm_mlp_in, std::vector<at::Tensor> gate_up,
-           c10::optional<at::Tensor> gate_up_scales, int64_t act, std::vector<at::Tensor> down,
-           c10::optional<at::Tensor> down_scales, c10::optional<at::Tensor> norm_mlp_out,
-           int64_t local) {
-    TORCH_CHECK(!q_norm.has_value() || k_norm.has_value(), "q_norm needs k_norm");
-    layers.push_back({norm_in, eps, qkv, qkv_scales, qkv_bias, q_norm, k_norm, heads, kv_heads,
-                      head_dim, scale, o, o_scales, norm_attn_out, norm_mlp_in, gate_up,
-                      gate_up_scales, act, down, down_scales, norm_mlp_out, local});
+  // one layer: models/lean_layer.py's fused_args (its fields' names and values, in order)
+  void add(std::vector<std::string> tensor_names, std::vector<std::vector<at::Tensor>> t,
+           std::vector<std::string> setting_names, std::vector<double> s) {
+    check_layout("tensor", tensor_names, kTensorNames);
+    check_layout("setting", setting_names, kSettingNames);
+    TORCH_CHECK(t.size() == kTensorFields && s.size() == kSettingFields,
+                "LayerStack.add: one value per named field");
+    const int64_t act = integer(s, kAct), local = integer(s, kKind);
+    TORCH_CHECK(act <= 1 && local <= 1, "LayerStack.add: act and kind take 0 or 1");
+    Layer L{one(t, kNormIn),      s[kEps],
+            parts(t, kQkv),       maybe(t, kQkvScales),
+            maybe(t, kQkvBias),   maybe(t, kQNorm),
+            maybe(t, kKNorm),     integer(s, kHeads),
+            integer(s, kKvHeads), integer(s, kHeadDim),
+            s[kScale],            parts(t, kO),
+            maybe(t, kOScales),   maybe(t, kNormAttnOut),
+            one(t, kNormMlpIn),   parts(t, kGateUp),
+            maybe(t, kGateUpScales), act,
+            parts(t, kDown),      maybe(t, kDownScales),
+            maybe(t, kNormMlpOut), local};
+    TORCH_CHECK(L.q_norm.has_value() == L.k_norm.has_value(), "q_norm and k_norm come together");
+    layers.push_back(std::move(L));
   }
   int64_t size() const { return static_cast<int64_t>(layers.size()); }
 };
