@@ -18,10 +18,11 @@ How, and why that way. Two mechanisms, each where it is the only one that gives 
   kernel (aten's pow + mean round each square), its attention normalises after the weighted
   sum of values (aten's softmax then matmul before), and torch's cos / sin of a position
   depend on where it falls in the tensor (a vectorised body and a scalar tail), so the
-  lean forward reads them from a table filled in fixed chunks; the swapped rotary reads the
-  same table. The swaps: `LlamaRMSNorm.forward`, `LlamaRotaryEmbedding.forward`, and the
-  "eager" / "sdpa" entries of transformers' attention interface (the mask transformers built
-  is turned into the kernel's visible-key mask). RMSNorm and attention are autograd Functions
+  lean forward reads them from a table filled in fixed chunks; the swapped rotary reads a
+  table filled by the same function (`models/rope_table.py`). The swaps:
+  `LlamaRMSNorm.forward`, `LlamaRotaryEmbedding.forward`, and the "eager" / "sdpa" entries
+  of transformers' attention interface (the mask transformers built is turned into the
+  kernel's visible-key mask). RMSNorm and attention are autograd Functions
   whose backward is torch's math (`invariant/ops.py`).
 Softmax / log-softmax need no override: torch's CPU kernels over the last dimension reduce
 each row alone in a fixed order (tested: a row alone equals the row in a batch, bit for bit),

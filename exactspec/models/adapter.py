@@ -3,10 +3,8 @@
 Each row keeps its own length in a SlotCache (`exactspec/models/cache.py`); `extend` writes the
 new tokens at `lengths[b] ..` and `commit` / `rewind` only move the per-row length, so rolling
 back rejected draft tokens costs nothing and rows may accept different numbers of tokens
-(ragged acceptance). Measured on SmolLM2-135M shapes (CPU, float32, one thread, width-5 steps,
-min of 18): equal to transformers' DynamicCache + 2D mask + `crop` with 128-token prompts
-(B=1: 84 ms/step, B=8: 202 ms), faster at 1024 tokens (B=1: 100 vs 106 ms, B=8: 436 vs 462
-ms), since nothing is concatenated per step. Llama-family models run through the lean
+(ragged acceptance); nothing is concatenated per step (its cost against transformers'
+DynamicCache: docs/performance.md). Llama-family models run through the lean
 forward (`exactspec/models/lean.py`); others through transformers' forward with a 4D additive
 mask built here, so transformers never has to infer positions from the cache.
 """
