@@ -1,29 +1,42 @@
 """Benchmarks: `exactspec bench` compares exactspec's engines with transformers' on real models.
 
 harness.py    the run: every engine on workloads.json, interleaved round by round
-engines.py, specs.py, llama_cpp.py, hf_quantized.py   the engines compared (drafters named
-              and built through drafters/registry.py: each entry's BenchUse words)
+engines.py, specs.py, llama_cpp.py, hf_quantized.py   the engines compared (drafters built
+              through drafters/registry.py, named by engine_names.py's BenchUse words)
 rows.py, figures.py   one row's figures; alpha, the analytic bound, the machine
 report.py, table.py, trees.py, tree_report.py         tables and plots (and trees vs chains)
 ceiling.py, width_cost.py, verify_speed.py            study tools (`python -m ...`), not tests
 (docs/performance.md has the dated runs)
 """
 
-from exactspec.bench.engines import (
-    MODES,
-    Engines,
-    EngineSpec,
-    Mode,
-    Run,
-    default_engines,
-    truncated_draft,
-)
-from exactspec.bench.figures import analytic_bound, fit_alpha, machine_info
-from exactspec.bench.harness import Bench, BenchConfig, Workload, load_workloads
-from exactspec.bench.report import format_report, format_table, write_plots
+from __future__ import annotations
 
-__all__ = [
-    "MODES", "Bench", "BenchConfig", "EngineSpec", "Engines", "Mode", "Run", "Workload",
-    "analytic_bound", "default_engines", "fit_alpha", "format_report", "format_table",
-    "load_workloads", "machine_info", "truncated_draft", "write_plots",
-]
+import importlib
+from typing import Any
+
+# public name -> module defining it; imported when the name is first used (PEP 562), so the
+# command line reads `engine_names` (the bench's drafter words) without importing torch
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(["MODES", "EngineSpec", "Engines", "Mode", "Run", "default_engines",
+                     "truncated_draft"], "exactspec.bench.engines"),
+    **dict.fromkeys(["analytic_bound", "fit_alpha", "machine_info"], "exactspec.bench.figures"),
+    **dict.fromkeys(["Bench", "BenchConfig", "Workload", "load_workloads"],
+                    "exactspec.bench.harness"),
+    **dict.fromkeys(["format_report", "format_table", "write_plots"], "exactspec.bench.report"),
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module defining `name` on first use and cache the value here."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'exactspec.bench' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -17,11 +17,12 @@ import torch
 from torch import nn
 
 from exactspec.bench import llama_cpp
+from exactspec.bench.engine_names import BenchUse, bench_uses
 from exactspec.bench.figures import linear_weight_bytes
 from exactspec.bench.hf_quantized import quantized_copy
 from exactspec.bench.isolated import Isolated
 from exactspec.bench.specs import MODES, EngineSpec, Mode, Run, add_counts
-from exactspec.drafters.registry import DRAFTERS, BenchUse, DrafterSpec, bench_uses, build
+from exactspec.drafters.registry import DRAFTERS, DrafterSpec, build
 from exactspec.engine import generate
 from exactspec.errors import InvalidValue
 from exactspec.models.lean import lean_forward_for

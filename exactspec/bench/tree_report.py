@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from exactspec.bench.engine_names import match_words
 from exactspec.bench.table import render_table
-from exactspec.drafters.registry import match_words
 
 COLUMNS = ["engine", "mode", "group", "width", "scored", "draft fwd", "acc len", "nodes/step",
            "tok/s", "x plain", "w run", "w(scored)", "c/fwd", "draft/step", "predicted",

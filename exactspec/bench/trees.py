@@ -24,9 +24,10 @@ from __future__ import annotations
 import math
 import re
 
+from exactspec.bench.engine_names import bench_uses, match_words
 from exactspec.bench.engines import EngineSpec
 from exactspec.drafters.base import TreeSpec
-from exactspec.drafters.registry import DRAFTERS, bench_uses, match_words
+from exactspec.drafters.registry import DRAFTERS
 from exactspec.drafters.tree_shape import DynamicTree, as_tree
 
 Tree = TreeSpec | tuple[int, ...]  # a fixed branching per depth, or a dynamic tree

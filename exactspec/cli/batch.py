@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 
 from exactspec.cli.common import at_least, draft_tokens, refuse_without, value_or
-from exactspec.drafters.registry import add_drafter_flags, drafter_flags, drafter_spec
+from exactspec.cli.drafter_flags import add_drafter_flags, drafter_spec
+from exactspec.drafters.registry import drafter_flags
 
 
 def add(sub) -> None:

@@ -7,8 +7,10 @@ import logging
 import re
 import sys
 
+from exactspec.bench.engine_names import BENCH_USES, BenchUse
 from exactspec.cli.common import at_least
-from exactspec.drafters.registry import DRAFTERS, BenchUse
+from exactspec.cli.drafter_flags import FLAGS
+from exactspec.drafters.registry import DRAFTERS
 
 
 def add(sub) -> None:
@@ -42,7 +44,7 @@ def add(sub) -> None:
                                   else "none: its engines are skipped")
         p.add_argument(flag, dest=name.replace("-", "_"), metavar="MODEL", default=None,
                        help=f"the model of the '{use.word}' engines (drafters/registry.py): "
-                       f"{DRAFTERS[name].help}; default {default} (skipped when it is the "
+                       f"{FLAGS[name].help}; default {default} (skipped when it is the "
                        "target)")
     p.add_argument("--no-eagle", action="store_true", help="skip the EAGLE head engine")
     p.add_argument("--engines", default=None, metavar="A,B",
@@ -79,9 +81,11 @@ def add(sub) -> None:
 
 def model_drafters() -> list[tuple[str, str, BenchUse]]:
     """(registry name, flag, BenchUse) of every benched drafter built from a model the bench
-    is given (drafters/registry.py: a MODEL argument and no source fixed by its BenchUse)."""
-    return [(name, e.flag, use) for name, e in DRAFTERS.items() for use in e.bench[:1]
-            if e.flag and use.source is None and e.argument.get("metavar") == "MODEL"]
+    is given (drafters/registry.py: a model as its source, and no source fixed by its first
+    BenchUse, bench/engine_names.py)."""
+    return [(name, e.flag, use) for name, e in DRAFTERS.items()
+            for use in BENCH_USES.get(name, ())[:1]
+            if e.flag and use.source is None and e.source == "model"]
 
 
 def _sources(args, cfg, device: str) -> dict[str, object]:

@@ -18,12 +18,8 @@ from exactspec.cli.common import (
     value_or,
     warn_lossy,
 )
-from exactspec.drafters.registry import (
-    add_drafter_flags,
-    drafter_flags,
-    drafter_from_args,
-    drafter_spec,
-)
+from exactspec.cli.drafter_flags import add_drafter_flags, drafter_from_args, drafter_spec
+from exactspec.drafters.registry import drafter_flags
 
 DTYPES = ("float32", "bfloat16")  # what exactspec.load accepts as dtype
 DRAFTER_FLAGS = f"a drafter ({drafter_flags()})"

@@ -15,7 +15,8 @@ from exactspec.cli.common import (
     value_or,
     warn_lossy,
 )
-from exactspec.drafters.registry import add_drafter_flags, drafter_flags, drafter_spec
+from exactspec.cli.drafter_flags import add_drafter_flags, drafter_spec
+from exactspec.drafters.registry import drafter_flags
 
 
 def serve_method(name: str):
@@ -47,7 +48,7 @@ def check_tree_method(drafter, verify) -> None:
 
 
 def drafter_choice(args):
-    """The drafter the flags name (exactspec.drafters.registry), as the server's choice."""
+    """The drafter the flags name (cli/drafter_flags.py), as the server's choice."""
     from exactspec.serve import DrafterChoice
 
     return DrafterChoice.of(drafter_spec(args))

@@ -13,12 +13,12 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import Field, dataclass, field, fields, replace
 
 import uvicorn
 
 from exactspec.drafters.base import Drafter
-from exactspec.drafters.registry import DrafterSpec, build, drafter_flags
+from exactspec.drafters.registry import DRAFTERS, DrafterSpec, build, drafter_flags
 from exactspec.errors import InvalidValue
 from exactspec.models.loading import Model
 from exactspec.serve.app import ServerConfig, create_app
@@ -40,24 +40,34 @@ class DrafterChoice:
     @classmethod
     def of(cls, spec: DrafterSpec | None) -> DrafterChoice:
         """The choice of a registry spec: its named field when it has one and no options."""
-        named = {"prompt-lookup": "prompt_lookup", "draft": "draft", "eagle": "eagle",
-                 "quantized-draft": "quantized_draft", "cross-vocab-draft": "cross_vocab_draft"}
         if spec is None:
             return cls()
+        named = _named_fields()
         if spec.name in named and spec == DrafterSpec(spec.name, spec.source):
-            return cls(**{named[spec.name]: True if spec.source is None else spec.source})
+            return cls(**{named[spec.name].name: True if spec.source is None else spec.source})
         return cls(spec=spec)
 
     def to_spec(self) -> DrafterSpec | None:
         """The registry's spec of this choice (None: plain decoding)."""
-        named = [DrafterSpec(name, source) for name, source, given in (
-            ("prompt-lookup", None, self.prompt_lookup), ("draft", self.draft, None),
-            ("cross-vocab-draft", self.cross_vocab_draft, None), ("eagle", self.eagle, None),
-            ("quantized-draft", self.quantized_draft, None)) if given or source is not None]
+        named = []
+        for name, own in _named_fields().items():
+            value = getattr(self, own.name)
+            if own.default is False:  # a switch (prompt_lookup): given when true, no source
+                named += [DrafterSpec(name)] if value else []
+            elif value is not None:
+                named.append(DrafterSpec(name, value))
         named += [self.spec] if self.spec is not None else []
         if len(named) > 1:
             raise InvalidValue(f"choose at most one drafter: {drafter_flags()}")
         return named[0] if named else None
+
+
+def _named_fields() -> dict[str, Field]:
+    """Registry name -> DrafterChoice's field, for the drafters of the registry that have a
+    field of their own (its name with "-" -> "_")."""
+    own = {f.name: f for f in fields(DrafterChoice)}
+    return {name: own[name.replace("-", "_")] for name in DRAFTERS
+            if name.replace("-", "_") in own}
 
 
 def build_drafter(choice: DrafterChoice, target: Model) -> tuple[Drafter | None, str]:

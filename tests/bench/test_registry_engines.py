@@ -1,13 +1,15 @@
-"""The bench names its engines through the drafter registry (drafters/registry.py's BenchUse):
-a drafter added there with a bench word gets its default engines, its names and its runs,
-with no bench edit; the runs equal `es.generate` with the drafter the registry builds."""
+"""The bench names its engines through the drafter registry (drafters/registry.py) and its words
+(bench/engine_names.py's BenchUse): a drafter added there with a bench word gets its default
+engines, its names and its runs, with no other bench edit; the runs equal `es.generate` with
+the drafter the registry builds."""
 
 from __future__ import annotations
 
 import pytest
 
 import exactspec as es
-from exactspec.bench import BenchConfig, default_engines
+from exactspec.bench import BenchConfig, default_engines, engine_names
+from exactspec.bench.engine_names import BenchUse
 from exactspec.bench.engines import Engines, EngineSpec
 from exactspec.bench.harness import Bench, Workload
 from exactspec.bench.specs import MODES
@@ -15,7 +17,7 @@ from exactspec.bench.trees import engine_from_name
 from exactspec.cli import build_parser
 from exactspec.cli.bench import model_drafters
 from exactspec.drafters import registry
-from exactspec.drafters.registry import BenchUse, Entry
+from exactspec.drafters.registry import Entry
 from exactspec.errors import InvalidValue
 from tests.engine.tiny import tiny_model
 
@@ -29,10 +31,11 @@ def model():
 
 @pytest.fixture
 def echo(monkeypatch):
-    """A new drafter, added as one registry line: prompt lookup under the word 'echo'."""
-    entry = Entry(None, registry.DRAFTERS["prompt-lookup"].build, lambda s, d: "echo",
-                  "prompt lookup, again", "fixed", bench=(BenchUse("echo"),))
+    """A new drafter, added as one registry line and one line of bench words: prompt lookup
+    under the word 'echo'."""
+    entry = Entry(None, registry.DRAFTERS["prompt-lookup"].build, lambda s, d: "echo", "fixed")
     monkeypatch.setitem(registry.DRAFTERS, "echo", entry)
+    monkeypatch.setitem(engine_names.BENCH_USES, "echo", (BenchUse("echo"),))
     return entry
 
 
@@ -45,7 +48,7 @@ def _decode(model, spec, drafter, mode: str, seed: int = 4):
     return run, gen
 
 
-def test_a_registry_line_is_all_a_drafter_needs_to_be_benched(model, echo):
+def test_a_registry_line_and_its_words_are_all_a_drafter_needs_to_be_benched(model, echo):
     names = [s.name for s in default_engines()]
     assert "exactspec echo K=4" in names and "exactspec echo auto" in names
     chain = engine_from_name("echo K=3")
