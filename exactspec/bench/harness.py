@@ -41,12 +41,48 @@ class Workload:
     input_grounded: bool  # the answer copies much of the prompt
     max_new_tokens: int  # per prompt
     prompts: list[str]  # user turns, chat-templated before encoding
+    # a long-prompt workload: each prompt followed by the shipped document (long_document.txt)
+    # cut to about this many tokens of the target's tokenizer
+    context_tokens: int | None = None
+    default: bool = True  # run when no workload is named
 
 
 def load_workloads() -> list[Workload]:
-    """The workloads shipped in exactspec/bench/workloads.json."""
+    """The workloads shipped in exactspec/bench/workloads.json; an entry with "prompt_tokens"
+    becomes one workload per length, named <name>_<tokens> (e.g. long_prompt_1024)."""
     text = resources.files("exactspec.bench").joinpath("workloads.json").read_text()
-    return [Workload(**w) for w in json.loads(text)["workloads"]]
+    out = []
+    for w in json.loads(text)["workloads"]:
+        lengths = w.pop("prompt_tokens", None)
+        if lengths is None:
+            out.append(Workload(**w))
+        else:
+            out += [Workload(**{**w, "name": f"{w['name']}_{n}", "context_tokens": n,
+                                "default": False}) for n in lengths]
+    return out
+
+
+def workload_names(workloads: list[Workload]) -> list[str]:
+    """The names --workloads takes: each workload's, and each long-prompt family's."""
+    return list(dict.fromkeys([w.name for w in workloads] + [
+        w.name.rsplit("_", 1)[0] for w in workloads if w.context_tokens]))
+
+
+def select_workloads(workloads: list[Workload], names: list[str] | None) -> list[Workload]:
+    """The workloads named (a long-prompt family by its own name, e.g. long_prompt), or the
+    default ones; an unknown name is an error naming the known ones."""
+    if names is None:
+        return [w for w in workloads if w.default]
+    known = workload_names(workloads)
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise InvalidValue(f"unknown workloads {unknown}; have {known}")
+    return [w for w in workloads if w.name in names
+            or (w.context_tokens and w.name.rsplit("_", 1)[0] in names)]
+
+
+def long_document() -> str:
+    return resources.files("exactspec.bench").joinpath("long_document.txt").read_text()
 
 
 @dataclass
@@ -120,13 +156,8 @@ class Bench:
                              f"{[s.name for s in specs]}")
         self.draft_note = draft_note
         self.progress = progress
-        wl = workloads if workloads is not None else load_workloads()
-        if cfg.workloads is not None:
-            unknown = set(cfg.workloads) - {w.name for w in wl}
-            if unknown:
-                raise InvalidValue(f"unknown workloads {sorted(unknown)}; have {[w.name for w in wl]}")
-            wl = [w for w in wl if w.name in cfg.workloads]
-        self.workloads = wl
+        self.workloads = select_workloads(
+            workloads if workloads is not None else load_workloads(), cfg.workloads)
         bad = [m for m in cfg.modes if m not in MODES]
         if bad:
             raise InvalidValue(f"unknown modes {bad}; have {list(MODES)}")
@@ -140,7 +171,19 @@ class Bench:
 
     def _prompts(self, w: Workload) -> list[str]:
         n = self.cfg.prompts_per_workload
-        return w.prompts[:n] if n else w.prompts
+        prompts = w.prompts[:n] if n else w.prompts
+        if not w.context_tokens:
+            return prompts
+        # the document cut to the tokens left after the prompt and the chat template
+        doc = self.target.encode(long_document(), chat=False)
+        out = []
+        for p in prompts:
+            room = w.context_tokens - len(self.target.encode(p + "\n\n", chat=True))
+            if room > len(doc):
+                raise InvalidValue(f"workload {w.name}: the shipped document has {len(doc)} "
+                                   f"tokens of this tokenizer, fewer than {room}")
+            out.append(p + "\n\n" + self.target.tokenizer.decode(doc[:max(room, 0)]))
+        return out
 
     def _budget(self, w: Workload) -> int:
         cfg = self.cfg
@@ -215,6 +258,9 @@ class Bench:
             "sweep": self._summarise_group(sweep, sweep_runs, "sweep"),
             "batch": self._summarise_group(batch, batch_runs, "batch"),
             "trees": None if interrupted else self._trees(summary),
+            # a long-prompt workload's prompt length in tokens (its first prompt)
+            "prompt_tokens": {w.name: len(self._encode(self._prompts(w)[0]))
+                              for w in self.workloads if w.context_tokens},
             "left_out": self.left_out,  # engine -> why it did not run here
             "crashed": self.crashed,  # engine -> how its child process died (rows lost)
         }
@@ -287,7 +333,7 @@ class Bench:
 
     def _batch_prompts(self) -> list[list[list[int]]]:
         # rows from every selected workload in turn (open-ended and input-grounded mixed)
-        pool = [p for w in self.workloads for p in w.prompts]
+        pool = [p for w in self.workloads for p in w.prompts]  # (a long-prompt workload: its instruction alone)
         rows = [self._encode(pool[i % len(pool)]) for i in range(self.cfg.batch_rows)]
         return [rows]
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from exactspec.bench.table import render_table
 from exactspec.bench.tree_report import format_trees, plot_trees
+from exactspec.engine.results import add_counts
 
 
 def _f(x, fmt: str = "{:.2f}", none: str = "-") -> str:
@@ -45,6 +46,23 @@ def format_table(rows: list[dict], *, markdown: bool = False,
                  columns: list[str] | None = None) -> str:
     """Rows of the result JSON as an aligned text table, or a markdown one."""
     return render_table(columns or COLUMNS, table_rows(rows), markdown)
+
+
+def format_long_prompts(result: dict, *, markdown: bool = False) -> str:
+    """The long-prompt workloads' rows: prompt tokens, time to first token, prefill tok/s,
+    decode tok/s (after the first token) and its ratio to plain's."""
+    lengths = result["prompt_tokens"]
+    rows = [r for r in result["results"] if r["workload"] in lengths]
+    plain = {(r["mode"], r["workload"]): r for r in rows if r["engine"] == "exactspec plain"}
+    body = []
+    for r in rows:
+        n, ttft, dec = lengths[r["workload"]], r.get("ttft_ms"), r.get("decode_tokens_per_second")
+        base = plain.get((r["mode"], r["workload"]), {}).get("decode_tokens_per_second")
+        body.append([r["engine"], r["mode"], r["workload"], str(n), _f(ttft, "{:.0f}"),
+                     _f(1e3 * n / ttft if ttft else None, "{:.0f}"), _f(dec, "{:.1f}"),
+                     _f(dec / base if dec and base else None)])
+    return render_table(["engine", "mode", "workload", "prompt tokens", "ttft ms",
+                         "prefill tok/s", "decode tok/s", "decode x plain"], body, markdown)
 
 
 def _geomean(xs: list[float]) -> float | None:
@@ -103,6 +121,9 @@ def format_report(result: dict, *, markdown: bool = False) -> str:
         parts.append(format_summary(result, mode, markdown=markdown))
     parts.append("every engine, mode and workload:")
     parts.append(format_table(result["results"], markdown=markdown))
+    if result.get("prompt_tokens"):
+        parts.append("long prompts: time to the first token and decoding after it:")
+        parts.append(format_long_prompts(result, markdown=markdown))
     for name, why in (result.get("crashed") or {}).items():  # the rows a crash lost
         parts.append(f"{name}: CRASHED ({why.removeprefix(name + ': ')}); its rows are left "
                      "out, every other row is whole")
@@ -210,7 +231,8 @@ def write_plots(result: dict, out_dir: str | Path) -> list[Path]:
             continue
         key = f"{r['engine']} {r['mode']}"
         a, d = lines.get(key, ([], []))
-        lines[key] = (_add(a, r["accepted_per_position"]), _add(d, r["drafted_per_position"]))
+        lines[key] = (add_counts(a, r["accepted_per_position"]),
+                      add_counts(d, r["drafted_per_position"]))
     for key, (a, d) in list(lines.items())[:10]:
         ys = [x / y if y else 0.0 for x, y in zip(a, d, strict=False)]
         ax2.plot(range(1, len(ys) + 1), ys, "o-", label=key)
@@ -232,8 +254,3 @@ def write_plots(result: dict, out_dir: str | Path) -> list[Path]:
     plt.close(fig)
     trees = plot_trees(result, out)
     return paths + ([trees] if trees else [])
-
-
-def _add(a: list[int], b: list[int]) -> list[int]:
-    n = max(len(a), len(b))
-    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]

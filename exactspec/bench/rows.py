@@ -38,6 +38,19 @@ def bandwidth_figures(spec: EngineSpec, runs: list[Run], weight_bytes: int | Non
             "bandwidth_gbs": gbs, "bandwidth": gbs / read_gbs if gbs and read_gbs else None}
 
 
+def first_token_figures(runs: list[Run]) -> dict:
+    """ttft_ms: the median time to the first token (the prefill, which samples it) over the
+    runs; decode_tokens_per_second: the tokens after each row's first over the time after the
+    prefill. None where the engine reports no prefill time (transformers')."""
+    timed = [r for r in runs if r.prefill_seconds > 0]
+    if not timed:
+        return {"ttft_ms": None, "decode_tokens_per_second": None}
+    after = sum(r.tokens - len(r.texts) for r in timed)
+    seconds = sum(r.seconds - r.prefill_seconds for r in timed)
+    return {"ttft_ms": 1e3 * _median([r.prefill_seconds for r in timed]),
+            "decode_tokens_per_second": after / seconds if seconds > 0 else None}
+
+
 def engine_row(spec: EngineSpec, mode: str, workload: str, rounds: list[list[Run]],
                plain: list[list[Run]] | None, *, weight_bytes: int | None = None,
                read_gbs: float | None = None) -> dict:
@@ -66,6 +79,7 @@ def engine_row(spec: EngineSpec, mode: str, workload: str, rounds: list[list[Run
         "tokens_per_second_min": min(tps) if tps else 0.0,
         "tokens_per_second_max": max(tps) if tps else 0.0,
         **bandwidth_figures(spec, flat, weight_bytes, read_gbs),
+        **first_token_figures(flat),
     }
     plain_tps = None
     if plain:

@@ -65,7 +65,8 @@ def add(sub) -> None:
     p.add_argument("--modes", default=None, metavar="M,N",
                    help="sampling modes among greedy, t1, t0.7p0.9 (default: all; quick: 2)")
     p.add_argument("--workloads", default=None, metavar="W,X",
-                   help="shipped workloads by name (e.g. chat,long; default: all)")
+                   help="shipped workloads by name (e.g. chat,long; default: all but long_prompt, "
+                   "whose 1k / 2k / 4k-token prompts run when named)")
     p.add_argument("--max-new-tokens", type=at_least(1), default=None,
                    help="token budget of every workload (default: each workload's, capped)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
@@ -128,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         write_plots,
     )
     from exactspec.bench.busy import busy_cores
+    from exactspec.bench.harness import workload_names
     from exactspec.cli.common import UsageError
     from exactspec.models import load
     from exactspec.models.loading import progress_off
@@ -144,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, flag) is not None:
             split = split_engines if flag == "engines" else _split
             setattr(cfg, flag, split(getattr(args, flag)))
-    known = {"modes": list(MODES), "workloads": [w.name for w in load_workloads()]}
+    known = {"modes": list(MODES), "workloads": workload_names(load_workloads())}
     for flag, names in known.items():  # checked before the model loads, each in one line
         bad = [x for x in getattr(cfg, flag) or [] if x not in names] if getattr(args, flag) else []
         if bad:
