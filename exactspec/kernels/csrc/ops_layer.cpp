@@ -11,6 +11,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -93,8 +94,8 @@ void check_layout(const char* what, const std::vector<std::string>& got,
 
 // the one tensor of a required field / the tensor or none of an optional one
 at::Tensor one(const std::vector<std::vector<at::Tensor>>& t, TensorField f) {
-  TORCH_CHECK(t[f].size() == 1, "LayerStack.add: field ", kTensorNames[f], " takes one tensor, got ",
-              t[f].size());
+  TORCH_CHECK(t[f].size() == 1, "LayerStack.add: field ", kTensorNames[f],
+              " takes one tensor, got ", t[f].size());
   return t[f][0];
 }
 c10::optional<at::Tensor> maybe(const std::vector<std::vector<at::Tensor>>& t, TensorField f) {
@@ -107,10 +108,10 @@ std::vector<at::Tensor> parts(const std::vector<std::vector<at::Tensor>>& t, Ten
   return t[f];
 }
 int64_t integer(const std::vector<double>& s, SettingField f) {
-  const auto v = static_cast<int64_t>(s[f]);
-  TORCH_CHECK(static_cast<double>(v) == s[f] && v >= 0, "LayerStack.add: setting ",
-              kSettingNames[f], " must be a non-negative integer, got ", s[f]);
-  return v;
+  const double v = s[f];
+  TORCH_CHECK(v >= 0 && v <= 1e15 && v == std::floor(v), "LayerStack.add: setting ",
+              kSettingNames[f], " must be a non-negative integer, got ", v);
+  return static_cast<int64_t>(v);
 }
 
 // the per-step arguments every layer shares
@@ -191,17 +192,29 @@ struct LayerStack : torch::CustomClassHolder {
                 "LayerStack.add: one value per named field");
     const int64_t act = integer(s, kAct), local = integer(s, kKind);
     TORCH_CHECK(act <= 1 && local <= 1, "LayerStack.add: act and kind take 0 or 1");
-    Layer L{one(t, kNormIn),      s[kEps],
-            parts(t, kQkv),       maybe(t, kQkvScales),
-            maybe(t, kQkvBias),   maybe(t, kQNorm),
-            maybe(t, kKNorm),     integer(s, kHeads),
-            integer(s, kKvHeads), integer(s, kHeadDim),
-            s[kScale],            parts(t, kO),
-            maybe(t, kOScales),   maybe(t, kNormAttnOut),
-            one(t, kNormMlpIn),   parts(t, kGateUp),
-            maybe(t, kGateUpScales), act,
-            parts(t, kDown),      maybe(t, kDownScales),
-            maybe(t, kNormMlpOut), local};
+    Layer L;
+    L.norm_in = one(t, kNormIn);
+    L.eps = s[kEps];
+    L.qkv = parts(t, kQkv);
+    L.qkv_scales = maybe(t, kQkvScales);
+    L.qkv_bias = maybe(t, kQkvBias);
+    L.q_norm = maybe(t, kQNorm);
+    L.k_norm = maybe(t, kKNorm);
+    L.heads = integer(s, kHeads);
+    L.kv_heads = integer(s, kKvHeads);
+    L.head_dim = integer(s, kHeadDim);
+    L.scale = s[kScale];
+    L.o = parts(t, kO);
+    L.o_scales = maybe(t, kOScales);
+    L.norm_attn_out = maybe(t, kNormAttnOut);
+    L.norm_mlp_in = one(t, kNormMlpIn);
+    L.gate_up = parts(t, kGateUp);
+    L.gate_up_scales = maybe(t, kGateUpScales);
+    L.act = act;
+    L.down = parts(t, kDown);
+    L.down_scales = maybe(t, kDownScales);
+    L.norm_mlp_out = maybe(t, kNormMlpOut);
+    L.local = local;
     TORCH_CHECK(L.q_norm.has_value() == L.k_norm.has_value(), "q_norm and k_norm come together");
     layers.push_back(std::move(L));
   }
