@@ -31,6 +31,7 @@ fixed shape; see engine/tree_step.py).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -173,14 +174,8 @@ def grow_sampled(context: DraftContext, spec: DynamicTree, siblings: str,
     bsz, vocab = root_logits.shape
     k = spec.top_k
     depth_cap = min(spec.max_depth, int(max_depth.max()) if bsz else 0)
-    n = max(depth_cap, 1) * k
     greedy = torch.tensor([p.is_greedy for p in context.rows_params()], device=dev)
-    rows = torch.arange(bsz, device=dev)[:, None]
-    tok = torch.full((bsz, n), -1, dtype=torch.long, device=dev)  # [B, N] slot = node
-    par = torch.full((bsz, n), -1, dtype=torch.long, device=dev)  # [B, N]
-    q_nodes = torch.zeros(bsz, n, vocab, dtype=torch.float32, device=dev)
-    anc = torch.zeros(bsz, n, n, dtype=torch.bool, device=dev)
-    score = torch.full((bsz, n), -1.0, dtype=torch.float64, device=dev)  # -1: dead
+    nodes = _Nodes.empty(bsz, max(depth_cap, 1) * k, vocab, dev)
     used = 0
     # the parents of depth d: (their slots [F] or the root, scores [B, F], logits [B, F, V])
     p_slots, p_score, logits = None, torch.ones(bsz, 1, dtype=torch.float64, device=dev), \
@@ -190,25 +185,83 @@ def grow_sampled(context: DraftContext, spec: DynamicTree, siblings: str,
         m = min(k, spec.node_budget - used)  # slots of this depth
         if m <= 0:
             break
-        f = p_score.shape[1]
-        # children per parent, fixed before drawing: D'Hondt on the parents' path scores
-        prio = p_score[:, :, None] / torch.arange(1, m + 1, device=dev)[None, None]  # [B, F, m]
-        prio = torch.where(p_score[:, :, None] >= 0, prio, -1.0).flatten(1)
-        pick = torch.sort(prio, dim=1, descending=True, stable=True).indices[:, :m]  # [B, m]
-        live = (prio.gather(1, pick) >= 0) & (max_depth >= d)[:, None]  # [B, m]
-        count = torch.zeros(bsz, f, dtype=torch.long, device=dev)
-        count.scatter_add_(1, pick // m, live.long())  # [B, F] children of each parent
-        # draw top_k per parent (a prefix of `count` kept), from the standardized q
-        flat = logits.reshape(bsz * f, vocab)
-        hist = paths.reshape(bsz * f, -1)
-        ctx = _repeat_rows(context, f)
-        q = ctx.standardize(flat, hist if hist.shape[1] else None).float()  # [B*F, V]
+        count = _shares(p_score, m, max_depth >= d)  # [B, F] children of each parent
         base = 0 if p_slots is None else int(p_slots[0]) + 1
-        u = torch.cat([uniforms(context.streams, bsz, k, DOMAIN_DRAFT + base + j, dev)
-                       for j in range(f)], 1).reshape(bsz * f, k)  # [B*F, k]
-        kids = choose_children(q, flat, k, siblings, u, greedy.repeat_interleave(f))
-        kids, q = kids.reshape(bsz, f, k), q.reshape(bsz, f, vocab)  # [B, F, k], [B, F, V]
-        # slot of the j-th child of parent i: parents in order, their children contiguous
+        kids, q = _draw(context, logits, paths, k, siblings, greedy, base)
+        which = nodes.place(used, m, count, kids, q, p_slots, p_score)  # [B, m]
+        new = slice(used, used + m)
+        paths = torch.cat([paths.gather(1, which[..., None].expand(-1, -1, d - 1)),
+                           nodes.tok[:, new, None]], 2)  # [B, m, d]
+        slots = torch.arange(used, used + m, device=dev)
+        used += m
+        if d == depth_cap or used >= spec.node_budget:
+            break
+        logits = expand(nodes.tok, slots, d, nodes.anc)  # [B, m, V]
+        p_slots, p_score = slots, nodes.score[:, new]
+    used = max(used, 1)  # no row may draft: one unused slot each
+    tok, par, q_nodes = nodes.tok[:, :used], nodes.par[:, :used], nodes.q[:, :used]
+    return DraftTree(tok, torch.where(tok >= 0, par, -1), q_nodes, siblings)
+
+
+def _shares(p_score: torch.Tensor, m: int, live_rows: torch.Tensor) -> torch.Tensor:
+    """How many of a depth's m slots each parent gets, fixed before any child is drawn:
+    D'Hondt on the parents' path scores p_score [B, F] (the j-th child of u has priority
+    score(u) / j); none for a dead parent (score -1) or a row past its max depth (live_rows
+    [B] bool). -> [B, F] long."""
+    bsz, f = p_score.shape
+    dev = p_score.device
+    prio = p_score[:, :, None] / torch.arange(1, m + 1, device=dev)[None, None]  # [B, F, m]
+    prio = torch.where(p_score[:, :, None] >= 0, prio, -1.0).flatten(1)
+    pick = torch.sort(prio, dim=1, descending=True, stable=True).indices[:, :m]  # [B, m]
+    live = (prio.gather(1, pick) >= 0) & live_rows[:, None]  # [B, m]
+    count = torch.zeros(bsz, f, dtype=torch.long, device=dev)
+    count.scatter_add_(1, pick // m, live.long())  # [B, F]
+    return count
+
+
+def _draw(context: DraftContext, logits: torch.Tensor, paths: torch.Tensor, k: int,
+          siblings: str, greedy: torch.Tensor, base: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """top_k children of each of F parents (logits [B, F, V] after the paths [B, F, d-1]),
+    drawn from the standardized q with the draft uniforms of positions base.. (one per
+    parent): kids [B, F, k] (-1 beyond q's support) and q [B, F, V]."""
+    bsz, f, vocab = logits.shape
+    flat = logits.reshape(bsz * f, vocab)
+    hist = paths.reshape(bsz * f, -1)
+    ctx = _repeat_rows(context, f)
+    q = ctx.standardize(flat, hist if hist.shape[1] else None).float()  # [B*F, V]
+    u = torch.cat([uniforms(context.streams, bsz, k, DOMAIN_DRAFT + base + j, logits.device)
+                   for j in range(f)], 1).reshape(bsz * f, k)  # [B*F, k]
+    kids = choose_children(q, flat, k, siblings, u, greedy.repeat_interleave(f))
+    return kids.reshape(bsz, f, k), q.reshape(bsz, f, vocab)  # [B, F, k], [B, F, V]
+
+
+@dataclass
+class _Nodes:
+    """A sampled tree's nodes, slot = node, laid out depth by depth."""
+
+    tok: torch.Tensor  # [B, N] long: the node's token, -1 an empty slot
+    par: torch.Tensor  # [B, N] long: the parent's slot, -1 the root
+    q: torch.Tensor  # [B, N, V] float32: the law the node was drawn from
+    anc: torch.Tensor  # [B, N, N] bool: a node's ancestors and itself
+    score: torch.Tensor  # [B, N] float64: path score, -1 dead
+
+    @classmethod
+    def empty(cls, bsz: int, n: int, vocab: int, dev) -> _Nodes:
+        return cls(torch.full((bsz, n), -1, dtype=torch.long, device=dev),
+                   torch.full((bsz, n), -1, dtype=torch.long, device=dev),
+                   torch.zeros(bsz, n, vocab, dtype=torch.float32, device=dev),
+                   torch.zeros(bsz, n, n, dtype=torch.bool, device=dev),
+                   torch.full((bsz, n), -1.0, dtype=torch.float64, device=dev))
+
+    def place(self, used: int, m: int, count: torch.Tensor, kids: torch.Tensor,
+              q: torch.Tensor, p_slots: torch.Tensor | None, p_score: torch.Tensor
+              ) -> torch.Tensor:
+        """Put a depth's children in slots used..used+m: the first count [B, F] of each
+        parent's draws kids [B, F, k] (q [B, F, V]), parents in order, a parent's children
+        contiguous (p_slots [F]: the parents' slots, None: the root; p_score [B, F]). Returns
+        each slot's parent among the F [B, m] (0 for unused slots)."""
+        bsz, f, k = kids.shape
+        n, vocab, dev = self.tok.shape[1], q.shape[2], kids.device
         first = count.cumsum(1) - count  # [B, F]
         j = torch.arange(k, device=dev)
         slot = used + first[:, :, None] + j  # [B, F, k]
@@ -216,27 +269,19 @@ def grow_sampled(context: DraftContext, spec: DynamicTree, siblings: str,
         slot = torch.where(keep, slot, n)  # n: a scratch column, dropped below
         new = slice(used, used + m)
         grid = torch.full((bsz, n + 1), -1, dtype=torch.long, device=dev)  # [B, N + scratch]
-        tok[:, new] = grid.scatter(1, slot.flatten(1), kids.flatten(1))[:, new]
+        self.tok[:, new] = grid.scatter(1, slot.flatten(1), kids.flatten(1))[:, new]
         parent_index = torch.arange(f, device=dev)[None, :, None].expand(bsz, f, k)
         which = grid.scatter(1, slot.flatten(1), parent_index.flatten(1))[:, new]  # [B, m]
         which = which.clamp(min=0)  # index into this depth's parents (0 for unused slots)
         if p_slots is not None:
-            par[:, new] = p_slots[which]
-        alive = tok[:, new] >= 0
-        q_nodes[:, new] = q.gather(1, which[..., None].expand(-1, -1, vocab))
-        own = q_nodes[:, new].gather(2, tok[:, new].clamp(min=0)[..., None])[..., 0].double()
-        score[:, new] = torch.where(alive, p_score.gather(1, which) * own, -1.0)
+            self.par[:, new] = p_slots[which]
+        alive = self.tok[:, new] >= 0
+        self.q[:, new] = q.gather(1, which[..., None].expand(-1, -1, vocab))
+        own = self.q[:, new].gather(2, self.tok[:, new].clamp(min=0)[..., None])[..., 0].double()
+        self.score[:, new] = torch.where(alive, p_score.gather(1, which) * own, -1.0)
         slots = torch.arange(used, used + m, device=dev)
-        anc[:, slots, slots] = alive
+        self.anc[:, slots, slots] = alive
         if p_slots is not None:
-            anc[:, slots] |= anc[rows, par[:, new].clamp(min=0)] & alive[..., None]
-        paths = torch.cat([paths.gather(1, which[..., None].expand(-1, -1, d - 1)),
-                           tok[:, new, None]], 2)  # [B, m, d]
-        used += m
-        if d == depth_cap or used >= spec.node_budget:
-            break
-        logits = expand(tok, slots, d, anc)  # [B, m, V]
-        p_slots, p_score = slots, score[:, new]
-    used = max(used, 1)  # no row may draft: one unused slot each
-    tok, par, q_nodes = tok[:, :used], par[:, :used], q_nodes[:, :used]
-    return DraftTree(tok, torch.where(tok >= 0, par, -1), q_nodes, siblings)
+            rows = torch.arange(bsz, device=dev)[:, None]
+            self.anc[:, slots] |= self.anc[rows, self.par[:, new].clamp(min=0)] & alive[..., None]
+        return which
