@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from exactspec.drafters.base import TreeSpec
 from exactspec.drafters.tree_shape import as_tree
+from exactspec.engine.results import add_counts as add_counts  # bench.engines, bench.rows use it
 from exactspec.sampling import SamplingParams
 
 
@@ -100,9 +101,3 @@ class Run:
     target_seconds: float = 0.0
     verify_seconds: float = 0.0
     texts: list[list[int]] = field(default_factory=list)  # generated ids per row
-
-
-def add_counts(a: list[int], b: list[int]) -> list[int]:
-    """Element-wise sum of two count lists of different lengths."""
-    n = max(len(a), len(b))
-    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]

@@ -22,7 +22,7 @@ from exactspec.engine.policy import AUTO_MAX_DRAFT, DraftLengthPolicy
 from exactspec.engine.rows import Row, RowBatch, RowOutput, check_fits
 from exactspec.engine.step import decode_step
 from exactspec.engine.stopping import StopRule
-from exactspec.engine.verifier import Verifier
+from exactspec.engine.verifier import Method, UserRule, Verifier
 from exactspec.errors import InvalidValue
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import Model, as_model
@@ -42,7 +42,9 @@ class DecodeConfig:
     params: SamplingParams | Sequence[SamplingParams]  # shared, or one per row
     max_new_tokens: int  # the budget `make_row` gives a row (a row carries its own)
     num_draft_tokens: int | str  # K, or "auto"
-    verify: VerifyMethod | str | VerifyFn  # a method (or its name) | a callable like verify's
+    # the verify method, as `generate` gives it parsed (engine/arguments.py: a VerifyMethod or
+    # a UserRule); a name or a callable like verify's (the server, scripts) is parsed here once
+    verify: Method | str | VerifyFn
     return_logprobs: bool  # collect log p of each emitted token
     eos_token_ids: list[int]  # tokens that end a row
     stop: list[str]  # strings that end a row
@@ -50,6 +52,10 @@ class DecodeConfig:
     # the law of logprobs and top alternatives: "processed" (the standardized p each token
     # was drawn from, what RL needs) or "raw" (log_softmax of the model's raw logits)
     logprobs_mode: str = "processed"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.verify, VerifyMethod | UserRule):
+            self.verify = parse_verify(self.verify)
 
 
 class Decoder:
@@ -82,7 +88,7 @@ class Decoder:
                           self.target)
         self.draft = DraftSide(drafter, info, on_fault=on_fault)  # the drafter and its faults
         self.policy = DraftLengthPolicy(k, 0)  # per-row draft lengths
-        self.verifier = Verifier(parse_verify(cfg.verify), drafter)  # each step's verdict
+        self.verifier = Verifier(cfg.verify, drafter)  # each step's verdict
         # the rows and their tensors (coupled: drafters draw with the positions' uniforms)
         self.batch = RowBatch(self.target.device, coupled=self.verifier.coupled is not None)
         self.report = Report(cfg.return_logprobs, cfg.logprobs_mode)

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from exactspec.drafters.base import Drafter
 from exactspec.engine.api import DEFAULT_BATCH_SIZE
 from exactspec.engine.engine import Engine
-from exactspec.engine.results import Generation
+from exactspec.engine.results import Generation, GenerationStats
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.models.loading import Model
 from exactspec.sampling import SamplingParams
@@ -327,17 +327,11 @@ def _encode(prompts: Sequence, trainer) -> list[list[int]]:
 
 def _stats(gens: list[Generation], step: int, synced: bool, seconds: float) -> RolloutStats:
     """The call's totals over its samples."""
-    width = max((len(g.stats.drafted_per_position) for g in gens), default=0)
-    drafted, accepted = [0] * width, [0] * width
-    for g in gens:
-        for i, n in enumerate(g.stats.drafted_per_position):
-            drafted[i] += n
-        for i, n in enumerate(g.stats.accepted_per_position):
-            accepted[i] += n
+    total = GenerationStats.total(g.stats for g in gens)
+    width = len(total.drafted_per_position)  # a draft kept at i was drafted at i
+    accepted = total.accepted_per_position + [0] * (width - len(total.accepted_per_position))
     return RolloutStats(policy_version=step, synced=synced, samples=len(gens),
                         tokens=sum(len(g.token_ids) for g in gens),
-                        steps=sum(g.stats.steps for g in gens),
-                        drafted=sum(g.stats.drafted for g in gens),
-                        accepted=sum(g.stats.accepted for g in gens),
-                        drafted_per_position=drafted, accepted_per_position=accepted,
-                        seconds=seconds)
+                        steps=total.steps, drafted=total.drafted, accepted=total.accepted,
+                        drafted_per_position=total.drafted_per_position,
+                        accepted_per_position=accepted, seconds=seconds)

@@ -79,16 +79,7 @@ class Answer:
     def extension(self) -> dict:
         """The speculative statistics of the whole request (its choices summed)."""
         stats = [f.stats for f in self.finished if f is not None]
-        total = GenerationStats()
-        for st in stats:
-            total.steps += st.steps
-            total.drafted += st.drafted
-            total.accepted += st.accepted
-            total.emitted += st.emitted
-            for i, c in enumerate(st.accepted_per_position):
-                if i == len(total.accepted_per_position):
-                    total.accepted_per_position.append(0)
-                total.accepted_per_position[i] += c
+        total = GenerationStats.total(stats)
         return {"drafter": self.config.drafter_name, "verify": self.verify,
                 "lossless": self.lossless, "seed": self.spec.seed,
                 "seeded": self.spec.seeded, "steps": total.steps, "drafted": total.drafted,

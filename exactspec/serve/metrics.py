@@ -39,8 +39,8 @@ class Metrics:
         self.draft_tokens = 0  # draft tokens proposed
         self.accepted_tokens = 0  # draft tokens accepted
         self.row_steps = 0  # (choice, step) pairs: the denominator of acceptance length
-        self.accepted_per_pos: dict[int, int] = defaultdict(int)  # position -> accepted drafts
-        self.drafted_per_pos: dict[int, int] = defaultdict(int)  # position -> proposed drafts
+        # the finished choices' statistics merged: accepted / proposed drafts by position
+        self.per_position = GenerationStats()
         self.waiting = 0  # gauge: requests queued, not yet decoding
         self.running = 0  # gauge: requests decoding
         self.batch_rows = 0  # gauge: rows in the engine's batch now
@@ -65,10 +65,7 @@ class Metrics:
             self.draft_tokens += stats.drafted
             self.accepted_tokens += stats.accepted
             self.drafts += stats.drafted_per_position[0] if stats.drafted_per_position else 0
-            for i, c in enumerate(stats.accepted_per_position):
-                self.accepted_per_pos[i] += c
-            for i, c in enumerate(stats.drafted_per_position):
-                self.drafted_per_pos[i] += c
+            self.per_position = self.per_position.merge(stats)
 
     def observe_steps(self, steps: int, seconds: float) -> None:
         """`steps` engine steps took `seconds` in all (each is recorded at the mean)."""
@@ -129,10 +126,12 @@ class _Fields:
                          dict(m.drafter_faults)),
                         ("spec_decode_num_accepted_tokens_per_pos",
                          "Accepted draft tokens by draft position (0 = first).", "position",
-                         {str(k): v for k, v in m.accepted_per_pos.items()}),
+                         {str(k): v for k, v in
+                          enumerate(m.per_position.accepted_per_position)}),
                         ("spec_decode_num_draft_tokens_per_pos",
                          "Proposed draft tokens by draft position (0 = first).", "position",
-                         {str(k): v for k, v in m.drafted_per_pos.items()})]
+                         {str(k): v for k, v in
+                          enumerate(m.per_position.drafted_per_position)})]
             answers = dict(m.answers)
         for name, help_, value in gauges:
             yield GaugeMetricFamily(p + name, help_, value=value)

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from exactspec.drafters.eagle import load_drafter
 from exactspec.engine.api import generate
-from exactspec.engine.results import mean_acceptance_length
+from exactspec.engine.results import GenerationStats, mean_acceptance_length
 from exactspec.errors import UserError
 from exactspec.models.loading import load, progress_off
 from exactspec.sampling import SamplingParams
@@ -41,16 +41,11 @@ def acceptance(model, drafter, prompts: list[list[int]], *, temperature: float, 
     gens = generate(model, prompts, drafter=drafter, max_new_tokens=max_new_tokens,
                     params=SamplingParams(temperature=temperature, seed=seed),
                     num_draft_tokens=k)
-    stats = [g.stats for g in gens]
-    steps = sum(s.steps for s in stats)
-    emitted = sum(s.emitted for s in stats)
-    drafted = sum(s.drafted for s in stats)
-    accepted = sum(s.accepted for s in stats)
-    kept = [sum(s.accepted_per_position[i] if i < len(s.accepted_per_position) else 0
-                for s in stats) for i in range(k)]
-    tried = [sum(s.drafted_per_position[i] if i < len(s.drafted_per_position) else 0
-                 for s in stats) for i in range(k)]
-    return {"rows": len(stats), "steps": steps, "emitted": emitted,
+    total = GenerationStats.total(g.stats for g in gens)
+    steps, emitted, drafted, accepted = total.steps, total.emitted, total.drafted, total.accepted
+    kept = (total.accepted_per_position + [0] * k)[:k]
+    tried = (total.drafted_per_position + [0] * k)[:k]
+    return {"rows": len(gens), "steps": steps, "emitted": emitted,
             "mean_acceptance_length": round(mean_acceptance_length(emitted, steps), 3),
             "acceptance_rate": round(accepted / max(drafted, 1), 3),
             "accept_first_k": [round(a / max(t, 1), 3) for a, t in zip(kept, tried, strict=True)]}
