@@ -177,8 +177,8 @@ class DraftModel:
         if feed.shape[1] > LONG_CATCH_UP or (few and feed.shape[1] > 1):
             # rows fed their whole context (admitted unfed), or few rows catching up: all but
             # each row's last token first, keeping one position's logits, not [B, W, V], and
-            # over the drafting rows only when they are few (a one-row probe of a 64-row
-            # batch ran 64 rows x its context padded: a stall of ~20 s at 64 streams)
+            # over the drafting rows only when they are few (not every row of the batch fed
+            # its context padded for one probing row: docs/performance.md)
             self._record(torch.where(on[:, None], feed[:, :-1], -1), ad.lengths)
             if few:
                 rows = on.nonzero().flatten()

@@ -1,9 +1,9 @@
 """GgufDraft: the target's own GGUF file, run by llama.cpp, drafts for the target.
 
 The embedded models are GGUF files whose blocks exactspec dequantizes to float32 to make the
-target. llama.cpp runs the very same blocks natively (4-bit dot products, about 10 ms a token
-for smollm2-135m on 2 CPU cores against 40-50 ms for the float32 target), so as a draft it is
-cheap and agrees with the target nearly always. Only its logits are used: q is standardized by
+target. llama.cpp runs the very same blocks natively (4-bit dot products, several times cheaper
+a token than the float32 target: docs/performance.md), so as a draft it is cheap and agrees
+with the target nearly always. Only its logits are used: q is standardized by
 exactspec's own `probs_from_logits` with the target's parameters and history, and the draft
 token is drawn by exactspec from q, so verification stays exact whatever llama.cpp computes.
 
@@ -11,8 +11,8 @@ Caveat, stated wherever its figures are quoted: the target here *is* the dequant
 this draft's agreement is higher than a 4-bit copy of a model trained in 16 bits would give
 (that case is `QuantizedDraft`'s fresh int4 / int8 quantization).
 
-Needs the optional `llama-cpp-python` package (`make llama-cpp`; it compiles llama.cpp, ~6-8
-minutes on 2 cores). Rows are llama.cpp sequences of one context: one `llama_decode` per draft
+Needs the optional `llama-cpp-python` package (`make llama-cpp` compiles llama.cpp for this
+CPU). Rows are llama.cpp sequences of one context: one `llama_decode` per draft
 position for the whole batch; rollback is `llama_memory_seq_rm` past the agreeing prefix.
 """
 

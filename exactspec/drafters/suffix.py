@@ -213,8 +213,8 @@ class SuffixDrafter:
     max_depth: longest substring counted (memory per token grows with it). max_nodes: bound of
     the global trie of earlier outputs (oldest outputs evicted first; 0 turns it off).
     min_prob: stop drafting when the continuation's estimated probability falls below this.
-    spec_factor: draft at most spec_factor * (length of the matched suffix) tokens (4: on
-    the bench's grounded workloads 1 drafted 0.9 tokens a step, too few; README).
+    spec_factor: draft at most spec_factor * (length of the matched suffix) tokens (4; 1
+    drafted too few on the bench's grounded workloads: docs/performance.md).
     branches: > 1 drafts token trees, at most this many children per node, at most
     `tree_nodes` nodes and `depth` deep (the engine then runs tree steps; num_draft_tokens
     does not apply). One instance can serve many calls (its global trie is shared and thread-safe).
