@@ -13,7 +13,7 @@ import exactspec
 
 ROOT = Path(exactspec.__file__).parent
 MAX_LINES = 60  # def line to last line
-SHORT_FOLDERS = ["engine", "drafters"]  # folders of exactspec/ whose functions stay within MAX_LINES
+SHORT_FOLDERS = ["engine", "drafters"]  # folders of exactspec/ whose functions stay short
 
 # an engine part: its class, its module, and the names other code holds it by (a variable or
 # an attribute: `policy`, `self.policy`); its fields are the attributes its own methods assign
