@@ -21,7 +21,7 @@ def test_shipped_long_prompt_family_runs_only_when_named():
     assert [w.name for w in select_workloads(wl, ["long_prompt", "chat"])] == [
         "chat", "long_prompt_1024", "long_prompt_2048", "long_prompt_4096"]
     assert [w.name for w in select_workloads(wl, ["long_prompt_2048"])] == ["long_prompt_2048"]
-    with pytest.raises(InvalidValue, match="long_promp'.*have"):
+    with pytest.raises(InvalidValue, match=r"long_promp'.*have"):
         select_workloads(wl, ["long_promp"])
 
 

@@ -70,12 +70,25 @@ static void tile(const float* x, int64_t K, const void* w, const float* scale, f
       ES_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
     }
   }
-  ES_UNROLL for (int i = 0; i < MR; ++i)
-    ES_UNROLL for (int j = 0; j < NR; ++j) {
-      float s = vhsum(acc[i][j]);
-      if (scale) s = s * scale[n + j];
-      y[i * ldy + n + j] = s;
-    }
+  if constexpr (MR * NR >= 12) {  // the horizontal sums 16 at a time (vhsum16: the same bits)
+    constexpr int T = MR * NR, C = (T + 15) / 16;
+    V all[16 * C];
+    ES_UNROLL for (int i = 0; i < MR; ++i)
+      ES_UNROLL for (int j = 0; j < NR; ++j) all[i * NR + j] = acc[i][j];
+    ES_UNROLL for (int t = T; t < 16 * C; ++t) all[t] = vzero();
+    float s[16 * C];
+    ES_UNROLL for (int c = 0; c < C; ++c) vhsum16(all + 16 * c, s + 16 * c);
+    ES_UNROLL for (int i = 0; i < MR; ++i)
+      ES_UNROLL for (int j = 0; j < NR; ++j)
+        y[i * ldy + n + j] = scale ? s[i * NR + j] * scale[n + j] : s[i * NR + j];
+  } else {
+    ES_UNROLL for (int i = 0; i < MR; ++i)
+      ES_UNROLL for (int j = 0; j < NR; ++j) {
+        float s = vhsum(acc[i][j]);
+        if (scale) s = s * scale[n + j];
+        y[i * ldy + n + j] = s;
+      }
+  }
 }
 
 typedef void (*TileFn)(const float*, int64_t, const void*, const float*, float*, int64_t, int64_t,
@@ -127,7 +140,9 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
                          m == 0 ? ES_AHEAD1 : 0);
     n0 = n;
   }
-  const int64_t cap = WT == W_F32 ? ES_MR : ES_MR_CONV;  // rows of x per tile
+  // rows of x per tile: past 16 rows (prefill, bound by the arithmetic) a tile whose
+  // accumulators all fit in registers
+  const int64_t cap = WT != W_F32 ? ES_MR_CONV : M <= 16 ? ES_MR : ES_MR_LARGE;
   const int64_t NB = M <= 16 ? ES_NB : ES_NB_LARGE;
   constexpr int64_t SB = 64;  // weight rows that every chunk of x meets before the next ones
   for (int64_t sb = n0; sb < n1; sb += SB) {

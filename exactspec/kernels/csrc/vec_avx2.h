@@ -83,6 +83,7 @@ static inline void vhsum16(const V* a, float* out) {
 #define ES_AHEAD1 16  // (measured with this unit on the AVX-512 EPYC, smollm2's 121 products,
 #define ES_MR 2        // 2 threads: one row 23.5 -> 19 ms, 5 rows 30.5 -> 30, 8 rows 35 -> 31,
 #define ES_MR_CONV 2   // 17 rows 69 -> 56; prefetching into L1 instead: 5 rows 37 ms)
+#define ES_MR_LARGE ES_MR  // ... for float32 weights past 16 rows of x
 #define ES_NR 4
 #define ES_NB 16
 #define ES_NB_LARGE 32

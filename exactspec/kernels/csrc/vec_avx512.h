@@ -75,6 +75,7 @@ static inline void vhsum16(const V* a, float* out) {
 #define ES_AHEAD1 16  // weight rows ahead that those tiles prefetch (0: none)
 #define ES_MR 8  // rows of x per register tile (float32 weights; 32 accumulators, a few spill)
 #define ES_MR_CONV 6  // ... for bf16 / int8 weights, whose conversion takes registers
+#define ES_MR_LARGE 6  // ... for float32 weights past 16 rows of x (24 accumulators, no spill)
 #define ES_NR 4  // columns of W per register tile
 #define ES_NB 16  // weight rows per block, up to 16 rows of x
 #define ES_NB_LARGE 16  // ... from 17 rows of x

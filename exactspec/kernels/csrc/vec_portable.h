@@ -59,6 +59,7 @@ static inline void vhsum16(const V* a, float* out) {  // out[i] = vhsum(a[i])
 #define ES_AHEAD1 0
 #define ES_MR 4
 #define ES_MR_CONV 4
+#define ES_MR_LARGE ES_MR  // ... for float32 weights past 16 rows of x
 #define ES_NR 4
 #define ES_NB 4
 #define ES_NB_LARGE 32
