@@ -14,7 +14,7 @@ from exactspec.drafters.base import (
     rows_of,
 )
 from exactspec.drafters.tree_draft import draft_model_tree
-from exactspec.drafters.tree_shape import check_tree
+from exactspec.drafters.tree_shape import check_tree, tree_of
 from exactspec.errors import InvalidValue
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import as_model
@@ -253,10 +253,24 @@ class DraftModel:
         feed = torch.where(idx < lengths[:, None], feed, ad.pad_token_id)
         return feed, pending - 1
 
+    @torch.inference_mode()
     def propose_tree(self, context: DraftContext, max_depth: torch.Tensor) -> DraftTree:
-        """The tree of `self.tree` (exactspec/drafters/tree_draft.py); max_depth [B]."""
+        """The tree of `self.tree` (exactspec/drafters/tree_draft.py); max_depth [B]. The
+        draft cache keeps only the committed prefix afterwards."""
         self._drafted_rows = int(context.tokens.shape[0])
-        return draft_model_tree(self, context, max_depth)
+        ad = self._adapter
+        feed, last = self._catch_up(context)  # [B, W], [B]
+        self._record(feed, ad.lengths)
+        rows = torch.arange(feed.shape[0], device=ad.device)
+        root_logits = ad.extend(feed)[rows, last]  # [B, V]
+        ad.commit(last + 1)  # the root (the context's last token) is now cached
+        start = ad.lengths.clone()  # [B] node i lives at slot start + i, position start - 1 + depth
+        tree = draft_model_tree(ad, context, tree_of(self), self.siblings, max_depth,
+                                root_logits, start)
+        # tree slots hold no chain: the next propose must not keep them as an agreeing prefix
+        pos = torch.arange(self._fed.shape[1], device=ad.device)[None, :]
+        self._fed = torch.where(pos < start[:, None], self._fed, -1)
+        return tree
 
     def _record(self, feed: torch.Tensor, at: torch.Tensor) -> None:
         """Remember which tokens the next extend writes into which draft cache slots (a

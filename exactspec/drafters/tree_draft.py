@@ -15,42 +15,29 @@ import torch
 from exactspec.drafters.base import DraftContext
 from exactspec.drafters.dynamic_tree import grow
 from exactspec.drafters.siblings import choose_children
-from exactspec.drafters.tree_shape import tree_of
 from exactspec.models.tree_attention import extend_at
 from exactspec.sampling import DOMAIN_DRAFT, DraftTree, branching_parents, uniforms
 from exactspec.sampling.tree import tree_shape
 
 
-@torch.inference_mode()
-def draft_model_tree(drafter, context: DraftContext, max_depth: torch.Tensor) -> DraftTree:
-    """A DraftModel's tree: one draft forward for the root, one per further depth over that
-    depth's nodes (tree attention in the draft's own cache); nodes deeper than max_depth [B]
-    are left unused. The draft cache keeps only the committed prefix afterwards."""
-    ad = drafter._adapter
-    dev = ad.device
-    feed, last = drafter._catch_up(context)  # [B, W], [B]
-    drafter._record(feed, ad.lengths)
-    rows = torch.arange(feed.shape[0], device=dev)
-    root_logits = ad.extend(feed)[rows, last]  # [B, V]
-    ad.commit(last + 1)  # the root (the context's last token) is now cached
-    start = ad.lengths.clone()  # [B] node i lives at slot start + i, position start - 1 + depth
+def draft_model_tree(ad, context: DraftContext, shape, siblings: str, max_depth: torch.Tensor,
+                     root_logits: torch.Tensor, start: torch.Tensor) -> DraftTree:
+    """A DraftModel's tree of `shape` (a Branching or a DynamicTree): from the draft's logits
+    at the root [B, V], one draft forward per further depth over that depth's nodes, by tree
+    attention in the draft's cache `ad` (a TargetAdapter holding each row's context, the root
+    included), node i at slot start + i ([B]); nodes deeper than max_depth [B] are unused."""
 
     def expand(tokens, nodes, depth, anc):
         return _level_forward(ad, tokens, nodes, start, depth, anc)
 
-    shape = tree_of(drafter)
-    if not shape.fixed:
-        def expand_dynamic(tokens, slots, depth, anc):  # -> [B, M, V]
-            out = _level_forward(ad, tokens, slots, start, depth, anc)
-            return torch.stack([out[int(i)] for i in slots.tolist()], 1)
+    if shape.fixed:
+        return grow_tree(context, shape, siblings, max_depth, root_logits, expand)
 
-        tree = grow(context, shape, drafter.siblings, max_depth, root_logits, expand_dynamic)
-    else:
-        tree = grow_tree(context, shape, drafter.siblings, max_depth, root_logits, expand)
-    # tree slots hold no chain: the next propose must not keep them as an agreeing prefix
-    pos = torch.arange(drafter._fed.shape[1], device=dev)[None, :]
-    drafter._fed = torch.where(pos < start[:, None], drafter._fed, -1)
-    return tree
+    def expand_dynamic(tokens, slots, depth, anc):  # -> [B, M, V]
+        out = _level_forward(ad, tokens, slots, start, depth, anc)
+        return torch.stack([out[int(i)] for i in slots.tolist()], 1)
+
+    return grow(context, shape, siblings, max_depth, root_logits, expand_dynamic)
 
 
 def grow_tree(context: DraftContext, branching: tuple[int, ...], siblings: str,
