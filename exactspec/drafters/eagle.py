@@ -35,8 +35,8 @@ from safetensors.torch import load_file, save_file
 
 from exactspec.drafters.base import DraftContext, TargetInfo, empty_proposal
 from exactspec.drafters.eagle_head import EagleConfig, EagleHead, attend, full_logits
-from exactspec.drafters.eagle_tree import eagle_tree
-from exactspec.drafters.tree_shape import check_tree
+from exactspec.drafters.eagle_tree import HeadCache, eagle_tree
+from exactspec.drafters.tree_shape import check_tree, tree_of
 from exactspec.errors import InvalidValue
 from exactspec.sampling.standardize import probs_from_logits_rows
 
@@ -132,9 +132,18 @@ class EagleDrafter:
         self._k, self._v = self._k[rows], self._v[rows]
         self._o_last = self._o_last[rows]
 
+    @torch.inference_mode()
     def propose_tree(self, context: DraftContext, max_depth: torch.Tensor):
-        """The head drafting the tree of `self.tree`, fixed or dynamic (drafters/tree_draft.py)."""
-        return eagle_tree(self, context, max_depth)
+        """The head drafting the tree of `self.tree`, fixed or dynamic (drafters/eagle_tree.py),
+        after catching up with the target's features; max_depth [B]."""
+        hidden = context.hidden
+        if hidden is None:
+            raise ValueError("EagleDrafter needs the target's hidden states in DraftContext.hidden")
+        dev = self._committed.device
+        tok, lengths = context.tokens.to(dev), context.lengths.to(dev)
+        real = self._catch_up(hidden.to(dev), tok, lengths)  # [B]
+        cache = HeadCache(self._k, self._v, self._o_last, real)
+        return eagle_tree(self.head, cache, context, tree_of(self), self.siblings, max_depth)
 
     @torch.inference_mode()
     def propose(

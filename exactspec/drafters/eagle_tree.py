@@ -3,39 +3,43 @@ nodes run the head once, attending to the real cache and their own path's keys."
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 
 from exactspec.drafters.base import DraftContext
 from exactspec.drafters.dynamic_tree import grow
-from exactspec.drafters.eagle_head import attend, full_logits
+from exactspec.drafters.eagle_head import EagleHead, attend, full_logits
 from exactspec.drafters.tree_draft import grow_tree
-from exactspec.drafters.tree_shape import tree_of
 from exactspec.sampling import DraftTree, branching_parents
 
 
+@dataclass(frozen=True)
+class HeadCache:
+    """What a tree reads of an EagleDrafter caught up with the context (read only)."""
+
+    k: torch.Tensor  # [B, h, S, d] the head's keys at the real positions
+    v: torch.Tensor  # [B, h, S, d] its values
+    o_last: torch.Tensor  # [B, H] the head's output at the last real position
+    real: torch.Tensor  # [B] long: the real positions cached per row
+
+
 @torch.inference_mode()
-def eagle_tree(drafter, context: DraftContext, max_depth: torch.Tensor) -> DraftTree:
-    """An EAGLE head's tree: the head's output at the last real position is the root; each
-    depth's nodes run the head once (attending to the real cache and their own path's keys,
-    as the chain does along its drafts)."""
-    head = drafter.head
-    hidden = context.hidden
-    if hidden is None:
-        raise ValueError("EagleDrafter needs the target's hidden states in DraftContext.hidden")
-    dev = drafter._committed.device
-    tok, lengths = context.tokens.to(dev), context.lengths.to(dev)
-    real = drafter._catch_up(hidden.to(dev), tok, lengths)  # [B]
-    s = real - 1  # last real position (-1: a one-token row, nothing to draft)
-    slots = torch.arange(drafter._k.shape[2], device=dev)
-    seen = slots[None, :] < real[:, None]  # [B, S]
+def eagle_tree(head: EagleHead, cache: HeadCache, context: DraftContext, shape, siblings: str,
+               max_depth: torch.Tensor) -> DraftTree:
+    """An EAGLE head's tree of `shape` (a Branching or a DynamicTree): the head's output at the
+    last real position is the root; each depth's nodes run the head once (attending to the real
+    cache and their own path's keys, as the chain does along its drafts)."""
+    dev = cache.real.device
+    s = cache.real - 1  # last real position (-1: a one-token row, nothing to draft)
+    slots = torch.arange(cache.k.shape[2], device=dev)
+    seen = slots[None, :] < cache.real[:, None]  # [B, S]
     cap = torch.where(s >= 0, max_depth, 0)
-    shape = tree_of(drafter)
     if not shape.fixed:
-        root = full_logits(head, head.logits(drafter._o_last))  # [B, V]
-        return grow(context, shape, drafter.siblings, cap, root,
-                    partial(_eagle_frontier, drafter, s, seen, {}))
+        root = full_logits(head, head.logits(cache.o_last))  # [B, V]
+        return grow(context, shape, siblings, cap, root,
+                    partial(_eagle_frontier, head, cache, s, seen, {}))
     n = len(branching_parents(shape))
     g_node: dict[int, torch.Tensor] = {}  # node -> head output after it [B, H]
     keys: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # node -> (k, v) [B, h, d]
@@ -43,7 +47,7 @@ def eagle_tree(drafter, context: DraftContext, max_depth: torch.Tensor) -> Draft
 
     def expand(tokens, nodes, depth, anc):
         m = nodes.numel()
-        g_par = torch.stack([drafter._o_last if par[i] < 0 else g_node[par[i]]
+        g_par = torch.stack([cache.o_last if par[i] < 0 else g_node[par[i]]
                              for i in nodes.tolist()], 1)  # [B, M, H]
         pos = (s + depth)[:, None].expand(-1, m)
         x, qh, kh, vh = head.qkv(g_par, tokens[:, nodes].clamp(min=0), pos)  # [B, h, M, d]
@@ -52,7 +56,7 @@ def eagle_tree(drafter, context: DraftContext, max_depth: torch.Tensor) -> Draft
         chains = [[a for a in range(n) if anc[i, a]] for i in nodes.tolist()]  # depth order
         k_extra = torch.stack([torch.stack([keys[a][0] for a in c], 2) for c in chains], 2)
         v_extra = torch.stack([torch.stack([keys[a][1] for a in c], 2) for c in chains], 2)
-        a = attend(qh, drafter._k, drafter._v, seen[:, None, :].expand(-1, m, -1),
+        a = attend(qh, cache.k, cache.v, seen[:, None, :].expand(-1, m, -1),
                    k_extra, v_extra)  # [B, h, M, d]
         o = head.finish(x, a)  # [B, M, H]
         bsz = o.shape[0]
@@ -63,30 +67,29 @@ def eagle_tree(drafter, context: DraftContext, max_depth: torch.Tensor) -> Draft
             out[i] = logits[:, j]  # [B, V]
         return out
 
-    root = full_logits(head, head.logits(drafter._o_last))  # [B, V]
-    return grow_tree(context, shape, drafter.siblings, cap, root, expand)
+    root = full_logits(head, head.logits(cache.o_last))  # [B, V]
+    return grow_tree(context, shape, siblings, cap, root, expand)
 
 
-def _eagle_frontier(drafter, s: torch.Tensor, seen: torch.Tensor, state: dict,
-                    tokens: torch.Tensor, slots: torch.Tensor, depth: int,
+def _eagle_frontier(head: EagleHead, cache: HeadCache, s: torch.Tensor, seen: torch.Tensor,
+                    state: dict, tokens: torch.Tensor, slots: torch.Tensor, depth: int,
                     anc: torch.Tensor) -> torch.Tensor:  # [B, M, V]
     """The head after a dynamic tree's frontier `slots` (all at `depth`): s [B] last real
     position, seen [B, S] real slots, state the frontier's head outputs and keys so far,
     tokens [B, F], anc [B, F, F] (dynamic_tree.Expand)."""
-    head = drafter.head
     bsz, f = tokens.shape
     m = slots.numel()
     k = m  # frontier width: slots (depth - 1) * k .. depth * k - 1
     if not state:
-        hid, c = drafter._o_last.shape[-1], head.config
-        state["g"] = drafter._o_last.new_zeros(bsz, f, hid)  # [B, F, H] output after a slot
-        state["k"] = drafter._k.new_zeros(bsz, c.num_heads, f, c.head_dim)  # [B, h, F, d]
+        hid, c = cache.o_last.shape[-1], head.config
+        state["g"] = cache.o_last.new_zeros(bsz, f, hid)  # [B, F, H] output after a slot
+        state["k"] = cache.k.new_zeros(bsz, c.num_heads, f, c.head_dim)  # [B, h, F, d]
         state["v"] = torch.zeros_like(state["k"])
     # path[b, j, e] = the frontier slot at depth e + 1 on slot j's path (the slot itself last)
     blocks = anc[:, slots].reshape(bsz, m, f // k, k)[:, :, :depth]  # [B, M, depth, k]
     path = blocks.float().argmax(-1) + torch.arange(depth, device=s.device) * k  # [B, M, depth]
     rows = torch.arange(bsz, device=s.device)[:, None]
-    g_par = drafter._o_last[:, None].expand(-1, m, -1) if depth == 1 else \
+    g_par = cache.o_last[:, None].expand(-1, m, -1) if depth == 1 else \
         state["g"][rows, path[:, :, depth - 2]]  # [B, M, H]
     pos = (s + depth)[:, None].expand(-1, m)
     x, qh, kh, vh = head.qkv(g_par, tokens[:, slots].clamp(min=0), pos)  # [B, h, M, d]
@@ -94,7 +97,7 @@ def _eagle_frontier(drafter, s: torch.Tensor, seen: torch.Tensor, state: dict,
     idx = path[:, None, :, :, None].expand(-1, kh.shape[1], -1, -1, kh.shape[-1])
     k_extra = state["k"][:, :, None].expand(-1, -1, m, -1, -1).gather(3, idx)  # [B, h, M, D, d]
     v_extra = state["v"][:, :, None].expand(-1, -1, m, -1, -1).gather(3, idx)
-    a = attend(qh, drafter._k, drafter._v, seen[:, None, :].expand(-1, m, -1), k_extra, v_extra)
+    a = attend(qh, cache.k, cache.v, seen[:, None, :].expand(-1, m, -1), k_extra, v_extra)
     o = head.finish(x, a)  # [B, M, H]
     state["g"][:, slots] = o
     return full_logits(head, head.logits(o.reshape(bsz * m, -1))).reshape(bsz, m, -1)
