@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return llama_cpp_check.smoke_test()
 
     def keep(verdict: Status, name: str) -> None:
-        lib_dir = llama_cpp_check._lib_dir()
+        lib_dir = llama_cpp_check.find_lib_dir()
         if lib_dir is not None:
             llama_cpp_check.save(lib_dir, verdict, name)
 

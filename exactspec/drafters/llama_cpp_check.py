@@ -48,7 +48,7 @@ class Status:
     why: str  # one line: what failed and the fix, or what passed
 
 
-def _lib_dir() -> Path | None:
+def find_lib_dir() -> Path | None:
     """llama-cpp-python's shared libraries, found without importing (importing loads them)."""
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
@@ -88,7 +88,7 @@ def _verdict_path(lib_dir: Path) -> Path:
 @cache
 def status() -> Status:
     """The verdict on this machine's llama.cpp (measured once per build and CPU, then read)."""
-    lib_dir = _lib_dir()
+    lib_dir = find_lib_dir()
     if lib_dir is None:
         return Status(False, "llama-cpp-python is not installed; `make llama-cpp` compiles it "
                              "for this CPU (~3-8 minutes on 2 cores)")

@@ -82,7 +82,7 @@ def test_the_verdict_is_kept_per_build_and_measured_again_for_another(tmp_path, 
     lib.mkdir()
     (lib / "libggml-cpu.so").write_bytes(b"one build")
     runs = []
-    monkeypatch.setattr(llama_cpp_check, "_lib_dir", lambda: lib)
+    monkeypatch.setattr(llama_cpp_check, "find_lib_dir", lambda: lib)
     monkeypatch.setattr(llama_cpp_check, "smoke_test", lambda: runs.append(1) or CRASHED)
     llama_cpp_check.status.cache_clear()
     try:
