@@ -125,3 +125,16 @@ def test_drafters_from_flags_decode_greedily_like_plain(target, plain, argv):
     got = generate(target, GREEDY_PROMPTS, drafter=drafter, params=GREEDY, max_new_tokens=40)
     assert [g.token_ids for g in got] == plain
     assert sum(g.stats.drafted for g in got) > 0
+
+
+def test_the_quantized_flags_take_what_the_drafter_takes():
+    """--quantized-draft's bits and --draft-backend's choices are QuantizedDraft's own
+    (drafters/quantized_formats.py), the drafter built from each."""
+    from exactspec.drafters import QuantizedDraft
+    from exactspec.drafters.quantized_formats import BACKENDS, BITS
+
+    for bits in BITS:
+        spec = _spec("--quantized-draft", str(bits), "--draft-backend", "torch")
+        assert spec.source == bits and QuantizedDraft(spec.source, backend=spec.backend).bits == bits
+    backend = next(a for a in _parser()._actions if a.option_strings == ["--draft-backend"])
+    assert tuple(backend.choices) == BACKENDS

@@ -3,6 +3,9 @@ command line's flags built from it: tests/cli/test_drafter_flags.py)."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from exactspec.drafters import Branching, PromptLookup, QuantizedDraft, SuffixDrafter
@@ -11,6 +14,16 @@ from exactspec.errors import InvalidValue
 from tests.engine.tiny import greedy_target
 
 target = greedy_target  # the module fixture of tests/engine/tiny.py
+
+
+def test_the_registry_is_a_table_only():
+    """No argparse (the flags are cli/drafter_flags.py's), no bench words (bench/engine_names.py),
+    no torch: its imports are the errors and the standard library's."""
+    source = (Path(__file__).parents[2] / "exactspec" / "drafters" / "registry.py").read_text()
+    top = {n.module if isinstance(n, ast.ImportFrom) else a.name
+           for n in ast.parse(source).body if isinstance(n, ast.Import | ast.ImportFrom)
+           for a in n.names}
+    assert top == {"__future__", "collections.abc", "dataclasses", "exactspec.errors"}
 
 
 def test_drafter_flags_name_the_drafters_of_each_tree_kind():
