@@ -1,8 +1,10 @@
 """Drafters behind one small Protocol (see `exactspec.drafters.base`; trees: `tree_shape`):
-draft models (`draft_model`, `quantized`, `gguf_draft`, `cross_vocab`), EAGLE-style heads
-(`eagle`, `eagle_head`, `eagle_tree`), point-mass drafters (`prompt_lookup`, `suffix`), how
-trees grow (`tree_draft`, `dynamic_tree`, `siblings`), and `registry`: one table from a
-drafter's name and options (the command line's flags) to its constructor.
+draft models (`draft_model`, `gguf_draft`, `cross_vocab`), the quantized self-draft (`quantized`,
+a front over `quantized_torch` and `quantized_llama_cpp`; `quantized_formats`, `quantized_auto`),
+EAGLE-style heads (`eagle`, `eagle_head`, `eagle_tree`), point-mass drafters (`prompt_lookup`,
+`suffix`), how trees grow (`tree_draft`, `dynamic_tree`, `siblings`), and `registry`: one table
+from a drafter's name and options to its constructor (the command line's flags over it are
+`exactspec.cli.drafter_flags`, the bench's words `exactspec.bench.engine_names`).
 
 Names are imported on first use (PEP 562), so the command line can read the registry's flags
 without importing torch. Also: `vocab_map` (the byte matching of `cross_vocab`) and `weights/`
