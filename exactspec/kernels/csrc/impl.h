@@ -118,10 +118,65 @@ static constexpr auto tile_table(std::integer_sequence<int, MR...>) {
 // - past ES_MB rows of x, the rows in chunks of ES_MB, each meeting 64 weight rows before the
 //   next 64, so that a chunk of x and those weights both stay in L2 (prefill), whatever range
 //   of rows the caller hands one call.
+// bf16 / int8 weights against more than ES_CONV_ONCE rows of x: each block of weight rows is converted
+// to float32 once into a buffer of the thread (exact: every bf16 and int8 value is a float32)
+// while the next block is prefetched, then every group of rows meets the block through the
+// float32 tiles. Each output gets the same multiply-adds in the same order as when a tile
+// converts the weights it loads (the one-row path), so the same bits; the conversion is paid
+// once per block, not once per group of rows, and the groups are those of float32 weights.
+template <int WT>
+static void linear_conv(const float* x, int64_t M, int64_t K, const void* w, const float* scale,
+                        float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  static constexpr auto table = tile_table<W_F32>(std::make_integer_sequence<int, ES_MR>());
+  const int64_t cap = M <= 16 ? ES_MR : ES_MR_LARGE;
+  const int64_t NB = M <= 16 ? ES_NB : ES_NB_LARGE;
+  const int64_t wb = WT == W_BF16 ? 2 : 1;
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < NB * K) buffer.resize(NB * K);
+  float* buf = buffer.data();
+  constexpr int64_t SB = 64;
+  for (int64_t sb = n0; sb < n1; sb += SB) {
+    const int64_t sbe = sb + SB < n1 ? sb + SB : n1;
+    for (int64_t nb = sb; nb < sbe; nb += NB) {
+      const int64_t nbe = nb + NB < sbe ? nb + NB : sbe;
+      // the next block into L2 while this one converts
+      const char* next = static_cast<const char*>(w) + nbe * K * wb;
+      const int64_t ahead = (n1 - nbe < NB ? n1 - nbe : NB) * K * wb;
+      for (int64_t b = 0; b < ahead; b += 64) __builtin_prefetch(next + b, 0, ES_PF_LOC);
+      for (int64_t r = nb; r < nbe; ++r) {
+        float* row = buf + (r - nb) * K;
+        int64_t k = 0;
+        for (; k + 16 <= K; k += 16) vstore(row + k, loadw<WT>(w, r * K + k));
+        if (k < K) {
+          float t[16];
+          vstore(t, loadw_tail<WT>(w, r * K + k, K - k));
+          for (int64_t i = 0; i < K - k; ++i) row[k + i] = t[i];
+        }
+      }
+      for (int64_t mb = 0; mb < M; mb += ES_MB) {
+        const int64_t mc = M - mb < ES_MB ? M - mb : ES_MB;
+        const int64_t groups = (mc + cap - 1) / cap;
+        int64_t r0 = 0;
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t r1 = mc * (g + 1) / groups, mr = r1 - r0;
+          const float* xg = x + (mb + r0) * K;
+          float* yg = y + (mb + r0) * ldy + nb;
+          for (int64_t n = 0; n < nbe - nb; n += ES_NR) {
+            const int64_t nr = nbe - nb - n < ES_NR ? nbe - nb - n : ES_NR;
+            table[mr - 1][nr - 1](xg, K, buf, scale ? scale + nb : nullptr, yg, ldy, n, 0);
+          }
+          r0 = r1;
+        }
+      }
+    }
+  }
+}
+
 template <int WT>
 static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const float* scale,
                      float* y, int64_t ldy, int64_t n0, int64_t n1) {
-  static constexpr auto table = tile_table<WT>(std::make_integer_sequence<int, ES_MR>());
+  static constexpr auto table = tile_table<WT>(std::make_integer_sequence<
+      int, WT == W_F32 ? ES_MR : (ES_MR_CONV > ES_MR_LARGE ? ES_MR_CONV : ES_MR_LARGE)>());
   // bf16 / int8 weights need registers for their conversion: 4 rows, as below
   constexpr int NR1 = (WT == W_F32 || ES_NR1 <= 4) ? ES_NR1 : 4;
   if (M == 1 && WT == W_F32) {
@@ -140,9 +195,17 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
                          m == 0 ? ES_AHEAD1 : 0);
     n0 = n;
   }
-  // rows of x per tile: past 16 rows (prefill, bound by the arithmetic) a tile whose
+  if (WT != W_F32 && M > ES_CONV_ONCE) {  // bf16 / int8 weights, long prefill
+    linear_conv<WT>(x, M, K, w, scale, y, ldy, n0, n1);
+    return;
+  }
+  // rows of x per tile, and columns of W: bf16 / int8 weights at verify widths in tiles of
+  // ES_MR_CONV rows x ES_NR_CONV columns, so that each converted weight vector meets as many
+  // rows as the registers allow; past 16 rows (prefill, bound by the arithmetic) tiles whose
   // accumulators all fit in registers
-  const int64_t cap = WT != W_F32 ? ES_MR_CONV : M <= 16 ? ES_MR : ES_MR_LARGE;
+  const bool conv = WT != W_F32 && M <= 16;
+  const int64_t cap = conv ? ES_MR_CONV : M <= 16 ? ES_MR : ES_MR_LARGE;
+  const int64_t nrmax = conv ? ES_NR_CONV : ES_NR;
   const int64_t NB = M <= 16 ? ES_NB : ES_NB_LARGE;
   constexpr int64_t SB = 64;  // weight rows that every chunk of x meets before the next ones
   for (int64_t sb = n0; sb < n1; sb += SB) {
@@ -158,8 +221,8 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
           const float* xg = x + (mb + r0) * K;
           float* yg = y + (mb + r0) * ldy;
           const int64_t ahead = g == 0 && mb == 0 && M > 1 ? NB : 0;
-          for (int64_t n = nb; n < nbe; n += ES_NR) {
-            const int64_t nr = nbe - n < ES_NR ? nbe - n : ES_NR;
+          for (int64_t n = nb; n < nbe; n += nrmax) {
+            const int64_t nr = nbe - n < nrmax ? nbe - n : nrmax;
             table[mr - 1][nr - 1](xg, K, w, scale, yg, ldy, n, ahead);
           }
           r0 = r1;

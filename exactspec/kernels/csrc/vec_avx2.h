@@ -77,14 +77,18 @@ static inline void vhsum16(const V* a, float* out) {
 // of 16 of d in registers
 #define ES_ATT_G 2
 #define ES_ATT_CW 2
-// the tiling of the matrix product (see vec_avx512.h)
+// the tiling of the matrix product (see vec_avx512.h; 16 registers and an accumulator takes
+// two, so 4 rows x 1 column: 8 accumulator registers, the weight and the row of x in 4 more;
+// the figures in docs/performance.md, "Register tiles")
 #define ES_ROWS_NR1 1  // rows of x up to which tiles of ES_NR1 are used
 #define ES_NR1 4  // columns of W per tile for one row of x
-#define ES_AHEAD1 16  // (measured with this unit on the AVX-512 EPYC, smollm2's 121 products,
-#define ES_MR 2        // 2 threads: one row 23.5 -> 19 ms, 5 rows 30.5 -> 30, 8 rows 35 -> 31,
-#define ES_MR_CONV 2   // 17 rows 69 -> 56; prefetching into L1 instead: 5 rows 37 ms)
+#define ES_AHEAD1 16
+#define ES_MR 4
+#define ES_NR 1
+#define ES_MR_CONV 4  // ... for bf16 / int8 weights up to 16 rows of x, in tiles of ES_NR_CONV columns
+#define ES_NR_CONV 1
+#define ES_CONV_ONCE 64  // past this many rows of x, bf16 / int8 blocks converted once (linear_conv)
 #define ES_MR_LARGE ES_MR  // ... for float32 weights past 16 rows of x
-#define ES_NR 4
 #define ES_NB 16
 #define ES_NB_LARGE 32
 #define ES_MB (int64_t{1} << 40)

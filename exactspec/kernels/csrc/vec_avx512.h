@@ -74,7 +74,9 @@ static inline void vhsum16(const V* a, float* out) {
 #define ES_NR1 16  // columns of W per tile for one row of x
 #define ES_AHEAD1 16  // weight rows ahead that those tiles prefetch (0: none)
 #define ES_MR 8  // rows of x per register tile (float32 weights; 32 accumulators, a few spill)
-#define ES_MR_CONV 6  // ... for bf16 / int8 weights, whose conversion takes registers
+#define ES_MR_CONV 8  // ... for bf16 / int8 weights up to 16 rows of x, in tiles of ES_NR_CONV columns
+#define ES_NR_CONV 2
+#define ES_CONV_ONCE 64  // past this many rows of x, bf16 / int8 blocks converted once (linear_conv)
 #define ES_MR_LARGE 6  // ... for float32 weights past 16 rows of x (24 accumulators, no spill)
 #define ES_NR 4  // columns of W per register tile
 #define ES_NB 16  // weight rows per block, up to 16 rows of x

@@ -59,6 +59,8 @@ static inline void vhsum16(const V* a, float* out) {  // out[i] = vhsum(a[i])
 #define ES_AHEAD1 0
 #define ES_MR 4
 #define ES_MR_CONV 4
+#define ES_NR_CONV ES_NR
+#define ES_CONV_ONCE 64  // past this many rows of x, bf16 / int8 blocks converted once (linear_conv)
 #define ES_MR_LARGE ES_MR  // ... for float32 weights past 16 rows of x
 #define ES_NR 4
 #define ES_NB 4
