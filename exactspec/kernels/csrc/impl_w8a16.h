@@ -25,17 +25,23 @@
 // inputs, so 256 pairs reach at most 256 * 2 * 32767 * 128 = 2147418112 < 2^31
 constexpr int64_t KCHUNK = 512;
 constexpr int64_t NP = 32;  // output rows per panel (two vectors of 16 lanes)
-// Software prefetch of the panel's stream (measured, one thread, smollm2's 121 products, rough
-// on a shared machine): tiles of 3 rows or more 2048 bytes ahead into L1 (8 rows 14.1 ->
-// 11.2-12.1 ms, 4 rows 7.7 -> 6.7-7.0; non-temporal at 256-2048: 12.2-14.4, 7.8-8.4); tiles
-// of 1 or 2 rows, bound by the memory, 256 bytes ahead non-temporal (prefetchnta: one row
-// 5.7-6.3 -> 4.1-4.2 ms, two 5.9-7.0 -> 4.7-4.8; prefetcht0 at 512-4096 or prefetcht1 at
-// 2048-16384: no gain or slower)
+// Software prefetch of the panel's stream (figures in docs/performance.md, "The int8 draft's
+// product"): on Intel CPUs every tile 2048 bytes ahead into L1 (the Xeon with AMX, one row,
+// one thread: 7.8 -> 13.9 GB/s for the layers' products, 8.0 -> 28.4 GB/s for the head); on
+// AMD's, tiles of 3 rows or more the same, tiles of 1 or 2 rows 256 bytes ahead non-temporal
+// (prefetchnta; the EPYC: one row 5.7-6.3 -> 4.1-4.2 ms, where prefetcht0 gained nothing)
 constexpr int64_t W8_AHEAD = 2048, W8_AHEAD_NTA = 256;
+static inline bool w8_prefetch_nta() {  // the CPU's vendor, read once
+  static const bool amd = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") != 0;
+  }();
+  return amd;
+}
 
 // y[i, n + j] for the MR rows at xq and the outputs n + j (j < nr <= NP) of the panel at wp;
 // U independent accumulator sets over consecutive pairs (few rows: the multiply-add latency)
-template <int MR, int U>
+template <int MR, int U, bool NTA>
 static void w8a16_tile(const int16_t* xq, int64_t ldx, int64_t Kp, const int8_t* wp,
                        const float* sx, const float* scale, float* y, int64_t ldy, int64_t n,
                        int64_t nr) {
@@ -49,7 +55,7 @@ static void w8a16_tile(const int16_t* xq, int64_t ldx, int64_t Kp, const int8_t*
       for (int i = 0; i < MR; ++i) acc[u][i][0] = acc[u][i][1] = vi_zero();
     for (int64_t k = c0; k < c1; k += 2 * U) {  // Kp and KCHUNK are multiples of 32 >= 2U
       for (int u = 0; u < U; ++u) {
-        if (MR >= 3) __builtin_prefetch(wp + (k + 2 * u) * NP + W8_AHEAD, 0, 3);
+        if (MR >= 3 || !NTA) __builtin_prefetch(wp + (k + 2 * u) * NP + W8_AHEAD, 0, 3);
         else __builtin_prefetch(wp + (k + 2 * u) * NP + W8_AHEAD_NTA, 0, 0);
       }
       for (int u = 0; u < U; ++u) {
@@ -123,9 +129,9 @@ typedef void (*W8Fn)(const int16_t*, int64_t, int64_t, const int8_t*, const floa
 
 // accumulator sets for a tile of MR rows (the unit's register budget: vec_*.h)
 constexpr int w8_unroll(int mr) { return mr == 1 ? ES_W8_U1 : (mr <= ES_W8_U2MR ? 2 : 1); }
-template <class S> struct W8Table;
-template <int... I> struct W8Table<std::integer_sequence<int, I...>> {
-  static constexpr W8Fn fns[] = {w8a16_tile<I + 1, w8_unroll(I + 1)>...};
+template <class S, bool NTA> struct W8Table;
+template <int... I, bool NTA> struct W8Table<std::integer_sequence<int, I...>, NTA> {
+  static constexpr W8Fn fns[] = {w8a16_tile<I + 1, w8_unroll(I + 1), NTA>...};
 };
 
 // y[m, n] for the panels g in [g0, g1) (outputs n = NP g + j < N), m in [0, M): each panel
@@ -133,7 +139,9 @@ template <int... I> struct W8Table<std::integer_sequence<int, I...>> {
 static void linear_w8a16(const int16_t* xq, int64_t ldx, int64_t M, int64_t Kp,
                          const int8_t* w, const float* sx, const float* scale, float* y,
                          int64_t ldy, int64_t N, int64_t g0, int64_t g1) {
-  static const W8Fn* table = W8Table<std::make_integer_sequence<int, ES_W8_MR>>::fns;
+  using Rows = std::make_integer_sequence<int, ES_W8_MR>;
+  static const W8Fn* table = w8_prefetch_nta() ? W8Table<Rows, true>::fns
+                                                : W8Table<Rows, false>::fns;
   // rows in ceil(M / ES_W8_MR) balanced tiles (AVX-512, 8: 45 rows as 7 8 7 8 7 8, not
   // 8 x 5 + 5; 9 rows as 4 5, not 8 + a one-row pass)
   const int64_t tiles = (M + ES_W8_MR - 1) / ES_W8_MR;
