@@ -12,8 +12,8 @@ layers are in docs/architecture.md; docs/ has a page per topic):
 sampling/      pure batched math: SamplingParams, p and q from logits, the verify rules
 kernels/       our batch-invariant C++ CPU operators (built at set-up)
 models/        loading, the cache, the target adapter and lean forward, tree attention
-drafters/      every drafter behind one Protocol, and the registry of their flags
-engine/        the decode step and loop: generate / stream, Decoder, Engine for RL
+drafters/      every drafter behind one Protocol, and their registry (a table)
+engine/        the decode step and its parts: generate / stream, Decoder, Engine for RL
 invariant/     the batch-invariant mode for trainers: batch_invariant(), token_logprobs
 audit/         exact and statistical proofs of losslessness; the seeds' pitfalls
 serve/  batch/ the OpenAI-compatible server; resumable JSONL batch jobs (local or Ray)

@@ -45,7 +45,7 @@ TRANSFORMERS: dict[str, tuple[str, str | None]] = {
 def default_engines(k: int = 4, eagle: bool = False, block: bool = True,
                     qk: int = 6) -> list[EngineSpec]:
     """exactspec plain and transformers plain; for every drafter of the registry with a bench
-    word (drafters/registry.py's BenchUse) its default engines (fixed K, block, auto; K = qk
+    word (bench/engine_names.py's BenchUse) its default engines (fixed K, block, auto; K = qk
     for the quantized self-draft) and its transformers counterpart if it has one; then
     llama.cpp's plain decoding of the target's weights as F32, Q8_0 and Q4_1 GGUF. `eagle`:
     include the EAGLE head's engines (the head ships separately)."""
@@ -103,7 +103,7 @@ def truncated_draft(model: nn.Module, num_layers: int) -> nn.Module:
 
 class Engines:
     """Runs EngineSpecs on one target; builds each engine's drafter through the drafter
-    registry from its bench word (drafters/registry.py's BenchUse)."""
+    registry from its bench word (bench/engine_names.py's BenchUse)."""
 
     def __init__(self, target: Model, draft: nn.Module | None = None,
                  eagle_factory: Callable[[], object] | None = None,
@@ -307,7 +307,7 @@ def _use(spec: EngineSpec) -> tuple[str, BenchUse]:
     uses = bench_uses()
     if spec.drafter not in uses:
         raise InvalidValue(f"{spec.name!r}: unknown drafter {spec.drafter!r}; the bench's are "
-                           f"{', '.join(uses)} (drafters/registry.py's BenchUse words)")
+                           f"{', '.join(uses)} (bench/engine_names.py's BenchUse words)")
     return uses[spec.drafter]
 
 

@@ -102,7 +102,7 @@ class BenchConfig:
     k: int = 4  # fixed draft length of the K engines
     sweep_ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # speedup vs K
     sweep_workload: str = "code_edit"  # greedy, the sweep's workload
-    # bench words (drafters/registry.py's BenchUse) of the sweep's engines
+    # bench words (bench/engine_names.py's BenchUse) of the sweep's engines
     sweep_drafters: list[str] = field(default_factory=lambda: ["lookup", "draft", "eagle",
                                                                "qdraft int8"])
     block: bool = True  # include the block-verification engines (sampling modes only)

@@ -41,7 +41,7 @@ class EngineSpec:
 
     name: str  # shown in tables and plots
     family: str  # "exactspec" | "transformers" | "llama.cpp"
-    # "none", or a bench word of the drafter registry (drafters/registry.py's BenchUse):
+    # "none", or a bench word (bench/engine_names.py's BenchUse):
     # "lookup", "draft", "eagle", "qdraft int8", "qdraft int8 torch", "cross-vocab", ...
     drafter: str
     k: int | str = 0  # draft tokens per step, or "auto"; 0 for plain decoding

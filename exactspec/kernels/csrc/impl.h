@@ -53,7 +53,10 @@ static void tile(const float* x, int64_t K, const void* w, const float* scale, f
   for (; k + 16 <= K; k += 16) {
     V wv[NR];
     if (ahead)
-      ES_UNROLL for (int j = 0; j < NR; ++j) __builtin_prefetch(pf + (j * K + k) * wb, 0, ES_PF_LOC);
+      ES_UNROLL for (int j = 0; j < NR; ++j) {
+        if (MR == 1) __builtin_prefetch(pf + (j * K + k) * wb, 0, ES_PF_LOC1);
+        else __builtin_prefetch(pf + (j * K + k) * wb, 0, ES_PF_LOC);
+      }
     ES_UNROLL for (int j = 0; j < NR; ++j) wv[j] = loadw<WT>(w, (n + j) * K + k);
     ES_UNROLL for (int i = 0; i < MR; ++i) {
       V xv = vload(x + i * K + k);
@@ -106,20 +109,19 @@ static constexpr auto tile_table(std::integer_sequence<int, MR...>) {
 }
 
 // The tiling (none of it changes a result: each output is its own accumulator):
+// (the measurements behind each choice: docs/performance.md, "Kernels: measurements once
+// quoted in their code")
 // - one row of x (ES_ROWS_NR1): tiles of ES_NR1 weight rows, so that many rows stream from
-//   memory at once (measured on one AVX-512 thread, smollm2: a one-row step 42 -> 37 -> 31 ms
-//   CPU at 4 / 8 / 16), prefetching ES_AHEAD1 rows ahead into L2 (2 threads, the 121
-//   products: 20-24 -> 17-20 ms float32, 15-21 -> 11.6 ms bfloat16);
+//   memory at once, prefetching ES_AHEAD1 rows ahead (into ES_PF_LOC1);
 // - more rows: the rows of x in groups of at most ES_MR (balanced: 17 rows = 6 + 6 + 5), the
 //   weights in blocks of ES_NB rows; each block meets every group in tiles of ES_NR weight
 //   rows while it is in L1 / L2, so each weight is read from memory once per call, and the
-//   first group's tiles prefetch the next block into L2 (AVX-512, 2 threads, smollm2's 121
-//   products of a step: 8 rows 26 -> 17 ms against 19 ms for one row, 17 rows 46 -> 33 ms);
+//   first group's tiles prefetch the next block into L2;
 // - past ES_MB rows of x, the rows in chunks of ES_MB, each meeting 64 weight rows before the
 //   next 64, so that a chunk of x and those weights both stay in L2 (prefill), whatever range
 //   of rows the caller hands one call.
-// bf16 / int8 weights against more than ES_CONV_ONCE rows of x: each block of weight rows is converted
-// to float32 once into a buffer of the thread (exact: every bf16 and int8 value is a float32)
+// bf16 / int8 weights against more than ES_CONV_ONCE rows of x: each block of weight rows is
+// converted to float32 once into a buffer of the thread (exact: every bf16 and int8 value is a float32)
 // while the next block is prefetched, then every group of rows meets the block through the
 // float32 tiles. Each output gets the same multiply-adds in the same order as when a tile
 // converts the weights it loads (the one-row path), so the same bits; the conversion is paid
@@ -181,10 +183,10 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
   constexpr int NR1 = (WT == W_F32 || ES_NR1 <= 4) ? ES_NR1 : 4;
   if (M == 1 && WT == W_F32) {
     // one row, float32: one weight row after another, so memory is read as one sequential
-    // stream (the rows' chains overlap out of order); measured on the AVX-512 EPYC, 2 threads,
-    // smollm2's 121 products: 20.2 / 21.1 / 21.5 ms against 24.1 / 26.4 / 21.5 ms for 16 rows
-    // streamed side by side (3 alternating runs); the same bits, as every tile's
-    for (int64_t n = n0; n < n1; ++n) tile<WT, 1, 1>(x, K, w, scale, y, ldy, n, false);
+    // stream (the rows' chains overlap out of order), ES_AHEAD_F32 rows prefetched ahead; the
+    // same bits, as every tile's
+    for (int64_t n = n0; n < n1; ++n)
+      tile<WT, 1, 1>(x, K, w, scale, y, ldy, n, n + ES_AHEAD_F32 < n1 ? ES_AHEAD_F32 : 0);
     return;
   }
   if (M <= ES_ROWS_NR1) {

@@ -16,20 +16,16 @@
 // with the row's two activations broadcast (vpdpwssd with an embedded broadcast on AVX-512
 // VNNI) adds output i's two products to lane i. No horizontal sum: a lane is an output. Per 64
 // weight bytes: 2 widening loads, then 2 multiply-adds per row of x (the 4-row groups with one
-// horizontal int64 sum per output and 32 inputs per lane ran at ~6 multiply-adds a cycle).
-// Measured (rough, shared 2-core EPYC, one thread, smollm2's 121 products of a step, 134 MB):
-// 8 rows 18.6-21 -> 11.2-12.5 ms, 4 rows 9.5-14 -> 6.7-8.9 ms, 1 row 5.7-6.3 -> 4.1-4.2 ms.
+// horizontal int64 sum per output and 32 inputs per lane were slower: docs/performance.md).
 #pragma once
 
 // inputs per int32 lane run: a lane adds 2 products of |x_q| <= 32767, |w| <= 128 per pair of
 // inputs, so 256 pairs reach at most 256 * 2 * 32767 * 128 = 2147418112 < 2^31
 constexpr int64_t KCHUNK = 512;
 constexpr int64_t NP = 32;  // output rows per panel (two vectors of 16 lanes)
-// Software prefetch of the panel's stream (figures in docs/performance.md, "The int8 draft's
-// product"): on Intel CPUs every tile 2048 bytes ahead into L1 (the Xeon with AMX, one row,
-// one thread: 7.8 -> 13.9 GB/s for the layers' products, 8.0 -> 28.4 GB/s for the head); on
-// AMD's, tiles of 3 rows or more the same, tiles of 1 or 2 rows 256 bytes ahead non-temporal
-// (prefetchnta; the EPYC: one row 5.7-6.3 -> 4.1-4.2 ms, where prefetcht0 gained nothing)
+// Software prefetch of the panel's stream: on Intel CPUs every tile 2048 bytes ahead into L1;
+// on AMD's, tiles of 3 rows or more the same, tiles of 1 or 2 rows 256 bytes ahead
+// non-temporal (prefetchnta), each the faster on its CPU (docs/performance.md)
 constexpr int64_t W8_AHEAD = 2048, W8_AHEAD_NTA = 256;
 static inline bool w8_prefetch_nta() {  // the CPU's vendor, read once
   static const bool amd = [] {
@@ -84,8 +80,7 @@ static void w8a16_tile(const int16_t* xq, int64_t ldx, int64_t Kp, const int8_t*
 // product rounded to float, then to the nearest integer, ties to even), clamped to +-32767,
 // for k < K and 0 up to Kp; *sx = amax / 32767. A row of zeros: zeros, sx 0; a NaN or an
 // infinity anywhere: zeros, sx NaN (NaN outputs). Over the float lanes V, so every unit
-// computes the same integers (the former scalar loop's, ~3.6 ns a value: 2.8 ms of the 8-row
-// step's 121 products).
+// computes the same integers.
 static void quantize_i16(const float* x, int64_t K, int64_t Kp, int16_t* q, float* sx) {
   const V zero = vzero();
   V mx = zero, bad = zero;

@@ -93,9 +93,10 @@ static inline void vhsum16(const V* a, float* out) {
 #define ES_NB_LARGE 32
 #define ES_MB (int64_t{1} << 40)
 #define ES_PF_LOC 2
-// the int8 product's tiling (see vec_avx512.h; 16 registers, an accumulator takes two:
-// measured, one thread, smollm2's 121 products, 8 rows: 31 ms with AVX-512's tiling, 23.5 with
-// this; 6 rows per tile 23.5, 8 rows 31)
+#define ES_AHEAD_F32 0
+#define ES_PF_LOC1 ES_PF_LOC
+// the int8 product's tiling (see vec_avx512.h; 16 registers, an accumulator takes two: fewer
+// rows per tile than AVX-512's, docs/performance.md)
 #define ES_W8_MR 4
 #define ES_W8_U1 2
 #define ES_W8_U2MR 1

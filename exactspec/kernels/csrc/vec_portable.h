@@ -67,6 +67,8 @@ static inline void vhsum16(const V* a, float* out) {  // out[i] = vhsum(a[i])
 #define ES_NB_LARGE 32
 #define ES_MB (int64_t{1} << 40)
 #define ES_PF_LOC 3
+#define ES_AHEAD_F32 0
+#define ES_PF_LOC1 ES_PF_LOC
 #define ES_W8_MR 4  // the int8 product's tiling (see vec_avx512.h)
 #define ES_W8_U1 2
 #define ES_W8_U2MR 1
