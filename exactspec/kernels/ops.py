@@ -180,11 +180,9 @@ def _register_layer_fake() -> None:
 
 def layer_stack(layers: list[tuple]) -> torch.ScriptObject:
     """A LayerStack of decoder layers for `decoder_stack`; each entry is the arguments of
-    LayerStack.add: norm_in, eps, qkv, qkv_scales, qkv_bias, q_norm, k_norm, heads, kv_heads,
-    head_dim, scale, o, o_scales, norm_attn_out, norm_mlp_in, gate_up, gate_up_scales, act
-    (0 SiLU, 1 GELU-tanh), down, down_scales, norm_mlp_out, local (1: sliding window). A
-    product is a list of weights with optional per-column scales (kernels.linear), or one
-    int8 tensor packed by pack_int8 with its scales (linear_w8a16)."""
+    LayerStack.add as `models/lean_layer.fused_args` gives them: (tensor field names, their
+    tensors, setting names, their values), the fields of the layer's declaration in declared
+    order; the operator refuses any other layout."""
     stack = torch.classes.exactspec.LayerStack()
     for args in layers:
         stack.add(*args)

@@ -30,8 +30,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException
 
 from exactspec.drafters.base import Drafter
+from exactspec.engine.arguments import parse_verify
+from exactspec.engine.verifier import UserRule
 from exactspec.models.loading import Model
-from exactspec.sampling import is_lossless, parse_method
 from exactspec.serve.answers import Answer, collect, error_response, sse
 from exactspec.serve.engine import EngineConfig, ServingEngine
 from exactspec.serve.guard import Limits
@@ -84,12 +85,13 @@ def create_app(model: Model, drafter: Drafter | None, config: ServerConfig, *,
     app.state.metrics = metrics
     created = int(time.time())
     speculative = drafter is not None if speculative is None else speculative
-    lossless = not speculative or is_lossless(config.engine.verify)  # False: opt-in lossy rule
     verify = config.engine.verify  # reported by name; a callable (tests) by its function's name
-    verify_name = (str(verify) if not callable(verify)  # a method (or its name)
-                   else getattr(verify, "__name__", "callable"))
+    method = parse_verify(verify)  # a method, or a callable as a UserRule (not lossless)
+    lossless = not speculative or method.lossless  # False: opt-in lossy rule or a callable
+    verify_name = (getattr(method.fn, "__name__", "callable") if isinstance(method, UserRule)
+                   else str(verify))  # a method (or its name)
     lossless_header = {"X-Exactspec-Lossless": "true" if lossless else "false"}
-    greedy_only = not callable(verify) and parse_method(verify).greedy_only  # T = 0 only
+    greedy_only = method.greedy_only  # exact at T = 0 only
 
     if config.api_key is not None:
         app.add_middleware(_ApiKey, key=config.api_key, metrics=metrics)

@@ -33,10 +33,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from exactspec.drafters.base import Drafter
+from exactspec.engine.arguments import parse_verify
 from exactspec.engine.decoder import DecodeConfig, Decoder
 from exactspec.engine.rows import Row, RowOutput
+from exactspec.engine.verifier import Method
 from exactspec.models.loading import Model
-from exactspec.sampling import RowStreams, SamplingParams, parse_method
+from exactspec.sampling import RowStreams, SamplingParams
 from exactspec.serve.echo import prompt_logprobs
 from exactspec.serve.events import Choice, Delta, Failed, Finished, Submission
 from exactspec.serve.metrics import Metrics
@@ -73,6 +75,13 @@ class EngineConfig:
     seeded_verify: str = "coupled"
 
 
+def couples_seeds(method: Method) -> bool:
+    """Whether seeded requests are verified coupled under `method` (parsed, `parse_verify`):
+    the exact chain methods "token", "block" and "coupled"; a lossy or greedy-only rule, or a
+    user's callable (a UserRule, never lossless), keeps its own rule."""
+    return method.lossless and method.name in ("token", "block", "coupled")
+
+
 class ServingEngine:
     """A thread that owns `model` (and `drafter`) and decodes submitted requests."""
 
@@ -95,8 +104,8 @@ class ServingEngine:
         if self.config.seeded_verify not in ("coupled", "method"):
             raise ValueError(f"seeded_verify={self.config.seeded_verify!r} must be 'coupled' or "
                              "'method'")
-        self.seeds_coupled = (self.config.seeded_verify == "coupled" and not callable(verify)
-                              and parse_method(verify).name in ("token", "block", "coupled")
+        self.seeds_coupled = (self.config.seeded_verify == "coupled"
+                              and couples_seeds(parse_verify(verify))
                               and getattr(drafter, "tree", None) is None)
         self.grammar_refused = grammar_refusal(drafter, verify)  # why no grammar is served
         self._grammar_errors: dict = {}  # Grammar -> why this tokenizer cannot write it ("")

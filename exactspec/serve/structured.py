@@ -19,9 +19,10 @@ import json
 import uuid
 from dataclasses import dataclass
 
+from exactspec.engine.arguments import parse_verify
 from exactspec.engine.grammar import GrammarRows
 from exactspec.errors import InvalidType, InvalidValue
-from exactspec.sampling import parse_method
+from exactspec.sampling import LossyRule
 from exactspec.sampling.grammar import Grammar
 from exactspec.serve.fields import bad
 
@@ -220,7 +221,7 @@ def grammar_refusal(drafter, verify) -> str:
         return ("structured output (a grammar) is not served with this server's token-tree "
                 "drafter: its verification reads no grammar mask yet; start the server with "
                 "a chain drafter or without one")
-    if not callable(verify) and not parse_method(verify).lossless:
+    if isinstance(parse_verify(verify), LossyRule):  # a user's callable is not known lossy
         return (f"structured output (a grammar) is not served under the lossy --verify "
                 f"{verify}: the output would be neither the target's law nor restricted "
                 "exactly; use an exact verify method")

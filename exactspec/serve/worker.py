@@ -36,10 +36,14 @@ def main(argv: list[str]) -> int:
         from exactspec.serve.supervisor import ModelInfo
 
         model, drafter, config = build_server(spec)
-        if drafter is not None and not callable(config.engine.verify):
+        if drafter is not None:
+            from exactspec.engine.arguments import parse_verify
             from exactspec.engine.tree_step import tree_rule
+            from exactspec.engine.verifier import UserRule
 
-            tree_rule(drafter, config.engine.verify)  # a tree's method, refused before serving
+            method = parse_verify(config.engine.verify)  # a callable: a UserRule, left alone
+            if not isinstance(method, UserRule):
+                tree_rule(drafter, method)  # a tree's method, refused before serving
     except Exception as exc:  # told to the front, which reports it and exits
         log.debug("the engine failed to load", exc_info=True)
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
