@@ -72,7 +72,7 @@ static inline void vhsum16(const V* a, float* out) {
 // the tiling of the matrix product (impl.h's linear_t; no effect on any result)
 #define ES_ROWS_NR1 1  // rows of x up to which tiles of ES_NR1 are used
 #define ES_NR1 16  // columns of W per tile for one row of x
-#define ES_AHEAD1 8  // weight rows ahead that those tiles prefetch (0: none)
+#define ES_AHEAD1 16  // weight rows ahead that those tiles prefetch (0: none)
 #define ES_MR 8  // rows of x per register tile (float32 weights; 32 accumulators, a few spill)
 #define ES_MR_CONV 8  // ... for bf16 / int8 weights up to 16 rows of x, in tiles of ES_NR_CONV columns
 #define ES_NR_CONV 2
@@ -83,7 +83,7 @@ static inline void vhsum16(const V* a, float* out) {
 #define ES_NB_LARGE 16  // ... from 17 rows of x
 #define ES_MB 64  // rows of x per chunk
 #define ES_AHEAD_F32 2  // float32 weight rows ahead that the one-row stream prefetches
-#define ES_PF_LOC1 3  // ... and the one-row tiles, into L1 (prefetcht0)
+#define ES_PF_LOC1 2  // ... and the one-row tiles, into L2 (prefetcht1; into L1: no faster here)
 #define ES_PF_LOC 2  // prefetch into L2 (prefetcht1): into L1 it evicts x (several rows)
 // the tiling of the int8 product (impl_w8a16.h; no effect on any result): rows per tile at
 // most, accumulator sets for one row, tiles of up to this many rows take 2 sets (2 x 32
