@@ -189,7 +189,7 @@ def bench_serve(model: str, drafter: DrafterChoice, drafter_name: str,
     with ExitStack() as stack:
         # one after the other: the speculative server calibrates its draft-length policy at
         # start (Decoder.calibrate), which another server loading at the same time slowed
-        # (one stream at 1.55x in the first round, 2.1x in the next two, 03:25 UTC)
+        # (docs/performance.md, "Serving: measurements once quoted in its code")
         urls = {name: stack.enter_context(srv).url for name, srv in servers.items()}
         for name in servers:  # warm-up: first-call costs are not measured
             asyncio.run(run_load(urls[name], model, prompts, 1, 1, 4, cfg.temperature,

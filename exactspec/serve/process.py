@@ -6,10 +6,9 @@ SIGTERM (our server drains), killing it after `stop_timeout`. `EngineProcess` is
 built from an `EngineSpec` (`python -m exactspec.serve.process PORT`, the pickled spec on
 stdin); the llama-cpp-python server (`llama_server.LlamaServer`) is the other one.
 
-Why not a thread of the benchmark's process (bench-serve until 2026-12-02): the clients' event
-loop, the server's and the engine's Python shared one GIL, and on 2 cores every token's HTTP
-work stalled the engine's 2-thread products. One stream's plain server ran at 24.8 tok/s in
-the benchmark's process and 38-41 tok/s in its own; the speculative one at 36.7 and 70-76.
+Why not a thread of the benchmark's process: the clients' event loop, the server's and the
+engine's Python would share one GIL, and on 2 cores every token's HTTP work stalls the engine's
+2-thread products (docs/performance.md, "Serving: measurements once quoted in its code").
 """
 
 from __future__ import annotations
