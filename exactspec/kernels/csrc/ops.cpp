@@ -308,13 +308,16 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int64_t rep = H / KV;
   // Tasks: the query heads of one key/value head at up to 24 / rep consecutive positions,
   // which share each block of keys while it is in L1; when that gives the threads too few
-  // tasks (a one-token step), one head each. Taken from a shared counter, the positions that
-  // see the most keys first, so a thread that falls behind (a busy core) takes fewer. No
-  // effect on any result: each query is computed as it would be alone (impl_attn.h).
+  // tasks (a one-token step) and a head's keys and values fit in L2, one head each (past
+  // that, splitting a group read its keys and values from memory once per head: decode at a
+  // 2k context 30 -> 24 ms a step, docs/performance.md). Taken from a shared counter, the
+  // positions that see the most keys first, so a thread that falls behind (a busy core) takes
+  // fewer. No effect on any result: each query is computed as it would be alone (impl_attn.h).
   const int threads = at::get_num_threads();
   const int64_t tb = std::max<int64_t>(1, std::min<int64_t>(T, 24 / rep));
   const int64_t tblocks = (T + tb - 1) / tb;
-  const int64_t hsplit = (B * KV * tblocks < 2 * threads) ? rep : 1;
+  const bool in_l2 = 2 * S * d * static_cast<int64_t>(sizeof(float)) <= (int64_t{256} << 10);
+  const int64_t hsplit = (B * KV * tblocks < 2 * threads && in_l2) ? rep : 1;
   const int64_t hper = rep / hsplit;
   const int64_t tasks = B * KV * hsplit * tblocks;
   std::atomic<int64_t> next{0};
