@@ -191,8 +191,9 @@ def load(
 
     `name_or_path` is an embedded name (see `registry.known_names()`), a local transformers
     model directory, or a `.gguf` file. `dtype`: "float32" (default) or "bfloat16" (or the
-    torch dtype); bfloat16 halves memory but is slow on CPUs without native bf16, which logs
-    a warning. `device=None` means CPU; `attn_implementation=None` means
+    torch dtype); bfloat16 halves memory, and on our kernels a step's bytes too (torch's own
+    operators are slow with it on CPUs without native bf16: there it logs a warning).
+    `device=None` means CPU; `attn_implementation=None` means
     DEFAULT_ATTN_IMPLEMENTATION.
     """
     torch_dtype = _dtype(dtype, device)
@@ -240,7 +241,9 @@ def load(
 
 
 def _dtype(dtype: str | torch.dtype, device: str | torch.device | None) -> torch.dtype:
-    """`dtype` as a torch dtype; warns when bfloat16 runs on a CPU without native bf16."""
+    """`dtype` as a torch dtype; warns when bfloat16 would run on torch's operators on a CPU
+    without native bf16 (our kernels widen bf16 weights in registers: there a bf16 step reads
+    half the bytes and runs 1.6-2x a float32 one, docs/performance.md)."""
     if isinstance(dtype, str) and dtype in DTYPES:
         out = DTYPES[dtype]
     elif isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
@@ -252,12 +255,19 @@ def _dtype(dtype: str | torch.dtype, device: str | torch.device | None) -> torch
         raise InvalidType(f"dtype={dtype!r} must be a string ({', '.join(map(repr, DTYPES))}) "
                           f"or a torch dtype, got {type(dtype).__name__}")
     on_cpu = device is None or torch.device(device).type == "cpu"
-    if out == torch.bfloat16 and on_cpu and not cpu_has_native_bf16():
+    if out == torch.bfloat16 and on_cpu and not cpu_has_native_bf16() and not kernels_run():
         logger.warning(
             "bfloat16 on this CPU (torch capability %s, no avx512_bf16 / amx_bf16) is emulated "
             "and usually slower than float32; use dtype='float32' for speed",
             torch.backends.cpu.get_cpu_capability())
     return out
+
+
+def kernels_run() -> bool:
+    """Whether the lean forward runs on our kernels here (built and not turned off)."""
+    from exactspec import kernels
+
+    return kernels.enabled()
 
 
 def cpu_has_native_bf16() -> bool:

@@ -344,18 +344,19 @@ def test_embedded_chunks_with_wrong_hash_are_rejected(
 # ---------------------------------------------------------------- dtype and noise
 
 
-def test_bfloat16_by_name_warns_only_without_native_bf16(
+def test_bfloat16_by_name_warns_only_on_torchs_operators_without_native_bf16(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     tiny_llama(seed=5).save_pretrained(tmp_path)
-    for native in (False, True):
+    for native, kernels in ((False, False), (True, False), (False, True), (True, True)):
         monkeypatch.setattr(loading, "cpu_has_native_bf16", lambda native=native: native)
+        monkeypatch.setattr(loading, "kernels_run", lambda kernels=kernels: kernels)
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="exactspec.models.loading"):
             model = load(tmp_path, dtype="bfloat16")
         assert model.model.dtype == torch.bfloat16
         warned = [r for r in caplog.records if "emulated" in r.getMessage()]
-        assert len(warned) == (0 if native else 1)
+        assert len(warned) == (0 if native or kernels else 1), (native, kernels)
     assert load(tmp_path, dtype="float32").model.dtype == torch.float32
 
 
