@@ -11,8 +11,7 @@ ceiling.py, width_cost.py, verify_speed.py            study tools (`python -m ..
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from exactspec.lazy import lazy_names
 
 # public name -> module defining it; imported when the name is first used (PEP 562), so the
 # command line reads `engine_names` (the bench's drafter words) without importing torch
@@ -28,15 +27,4 @@ _LAZY: dict[str, str] = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    """Import the module defining `name` on first use and cache the value here."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'exactspec.bench' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names("exactspec.bench", _LAZY, globals())

@@ -13,8 +13,7 @@ without importing torch. Also: `vocab_map` (the byte matching of `cross_vocab`) 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from exactspec.lazy import lazy_names
 
 # public name -> module defining it; imported when the name is first used
 _LAZY: dict[str, str] = {
@@ -37,15 +36,4 @@ _LAZY: dict[str, str] = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    """Import the module defining `name` on first use and cache the value here."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'exactspec.drafters' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names("exactspec.drafters", _LAZY, globals())
