@@ -1,6 +1,9 @@
 """Attention's tiling (csrc/impl_attn.h, the tasks in csrc/ops.cpp) never changes a bit.
 
-A call groups the query heads of one key/value head at up to 24 / rep positions into one task
+Past 512 keys a query's keys are taken in runs of 512 fixed by key index, each run's partial
+(its largest score, sum and weighted values) computed apart and combined in key order
+(`attend_finish`): with few tasks each run is a work item of its own, with many a task does its
+runs in turn. A call groups the query heads of one key/value head at up to 24 / rep positions into one task
 (keys in blocks of 16 against every query, then the values against ES_ATT_G queries x
 ES_ATT_CW chunks of 16 of d in registers, 8 queries' sums side by side), or one head per task
 when that leaves the threads too few tasks. Every query of a wide call is compared with
@@ -29,6 +32,9 @@ SHAPES = [
     (3, 5, 8, 8, 17, 8),  # no grouping, d shorter than one vector
     (1, 20, 4, 2, 16, 128),  # keys exactly one block, d two chunks
     (1, 3, 2, 1, 1, 20),  # one key
+    (1, 1, 9, 3, 1500, 64),  # a one-token step past 512 keys: three runs, one per work item
+    (2, 5, 6, 2, 1100, 48),  # a verify over runs of 512, 512 and a part
+    (1, 40, 4, 2, 530, 16),  # a prefill whose queries have one run or two (runs in turn)
 ]
 
 
@@ -104,3 +110,26 @@ def test_the_check_fails_for_torchs_attention(threads):
     assert not _equal(wide, alone)
     assert _equal(kernels.attention(q, k, v, mask, 0.125),
                   _each_query_alone(kernels.attention, q, k, v, mask, 0.125))
+
+
+def test_attention_over_several_runs_matches_float64(isa):
+    """Past 512 keys (three runs of keys): within test_ops' bound for one run, plus the combine's
+    rounding: each weight exp(s - top_r) exp(top_r - top) carries a second exp (4u) and the
+    product (u), and the runs' numerators and denominators each add gamma(runs)."""
+    from tests.kernels.test_ops import U, _attention_ref, dot_bound, gamma
+
+    g = torch.Generator().manual_seed(11)
+    b, t, h, kv, s_len, d = 1, 4, 6, 2, 1300, 64
+    q = torch.randn(b, t, h, d, generator=g)
+    k = torch.randn(b, kv, s_len, d, generator=g)
+    v = torch.randn(b, kv, s_len, d, generator=g)
+    mask = torch.rand(b, t, s_len, generator=g) < 0.8
+    mask[..., 0] = True
+    scale = d ** -0.5
+    o = kernels.attention(q, k, v, mask, scale)
+    ref, mag_v, mag_s = _attention_ref(q, k, v, mask, scale)
+    delta = (dot_bound(d) + U) * mag_s.permute(0, 2, 1)[..., None]
+    runs = 3
+    bound = (2 * (2 * delta + 10 * U) + 2 * gamma(s_len) + 2 * gamma(runs) + U) * mag_v
+    err = (o.double() - ref).abs()
+    assert bool((err <= bound).all()), float(err.max())

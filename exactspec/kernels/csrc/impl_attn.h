@@ -17,33 +17,6 @@
 // ES_ATT_CW chunks of 16 of d in registers, so no output waits on one chain of multiply-adds.
 #pragma once
 
-// the last key a query sees (-1: none), and whether it sees every key up to it; the mask read
-// 8 bytes at a time (bool bytes: 0 or 1)
-static int64_t last_visible(const uint8_t* visible, int64_t S, bool* dense) {
-  *dense = true;
-  if (!visible) return S - 1;
-  int64_t j = S;
-  for (; j >= 8; j -= 8) {
-    uint64_t w;
-    std::memcpy(&w, visible + j - 8, 8);
-    if (w) break;
-  }
-  while (j > 0 && !visible[j - 1]) --j;
-  const int64_t last = j - 1;
-  int64_t i = 0;
-  for (; i + 8 <= last + 1; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, visible + i, 8);
-    if ((w - 0x0101010101010101ULL) & ~w & 0x8080808080808080ULL) break;  // a zero byte
-  }
-  for (; i <= last; ++i)
-    if (!visible[i]) {
-      *dense = false;
-      break;
-    }
-  return last;
-}
-
 // scores of the query q against keys [j0, j0 + n), n <= 16: 16 dot-product accumulators, then
 // one vhsum16; lane t = dot(q, k_{j0+t}) * scale (t < n)
 static inline V scores16(const float* q, const float* k, int64_t ldk, int64_t j0, int64_t n,
@@ -73,12 +46,11 @@ static inline V scores16(const float* q, const float* k, int64_t ldk, int64_t j0
   return vmul(vload(out), vset1(scale));
 }
 
-// o_g += e_g[j] v_j over the visible keys j <= last_g, in key order, for G queries and the
-// chunks [c0, c0 + 16 CW) of d (acc in registers), then o_g = acc / sum_g
+// acc_g += e_g[j] v_j over the visible keys j <= last_g, in key order, for G queries and the
+// chunks [c0, c0 + 16 CW) of d (in registers), then stored (attend_finish divides)
 template <int G, int CW>
 static void values_tile(const float* const* e, const uint8_t* const* vis, const int64_t* last,
-                        const float* sum, const float* v, int64_t ldk, int64_t d, int64_t c0,
-                        float* const* o) {
+                        const float* v, int64_t ldk, int64_t d, int64_t c0, float* const* o) {
   V acc[G][CW];
   ES_UNROLL for (int g = 0; g < G; ++g)
     ES_UNROLL for (int c = 0; c < CW; ++c) acc[g][c] = vzero();
@@ -99,13 +71,11 @@ static void values_tile(const float* const* e, const uint8_t* const* vis, const 
     }
   }
   ES_UNROLL for (int g = 0; g < G; ++g) {
-    if (last[g] < 0) continue;
-    const V den = vset1(sum[g]);
     ES_UNROLL for (int c = 0; c < CW; ++c) {
       const int64_t r = width - 16 * c;
       if (r <= 0) break;
       float out[16];
-      vstore(out, vdiv(acc[g][c], den));
+      vstore(out, acc[g][c]);
       for (int64_t t = 0; t < (r < 16 ? r : 16); ++t) o[g][c0 + 16 * c + t] = out[t];
     }
   }
@@ -134,26 +104,24 @@ static void sums8(int64_t n, float* const* e, const uint8_t* const* mask, const 
   for (int64_t g = 0; g < n; ++g) sum[g] = acc[g];
 }
 
-// nq queries qs[i] (d floats each) over the keys k_j = k + j * ldk, j < S (values alike),
-// query i seeing the keys with vis[i][j] != 0 (all when vis[i] is null): o[i] = its attention
-// output (zeros when it sees no key). scratch: nq * (S + 16) floats.
-static void attend_many(int64_t nq, const float* const* qs, const uint8_t* const* vis,
-                        const float* k, const float* v, int64_t ldk, int64_t S, int64_t d,
-                        float scale, float* scratch, float* const* o) {
+// One run of keys for nq <= 64 queries: keys k_j = k + j * ldk (values alike), query i reading
+// j <= last[i] (none when last[i] < 0) and seeing key j where mask[i] is null or mask[i][j] !=
+// 0: top[i] = its largest visible score (-inf when none), sum[i] = the sum of e_j = exp(s_j -
+// top[i]) over its visible keys in key order, acc[i][:d] = the sum of e_j v_j in key order (one
+// fused multiply-add chain per lane). scratch: nq * ld floats, ld >= max last + 17.
+static void attend_run(int64_t nq, const float* const* qs, const uint8_t* const* mask,
+                       const int64_t* last, const float* k, const float* v, int64_t ldk,
+                       int64_t d, float scale, float* scratch, int64_t ld, float* top,
+                       float* sum, float* const* acc) {
   constexpr int64_t kMaxQ = 64;
-  int64_t last[kMaxQ];
-  float sum[kMaxQ], top[kMaxQ];
   float* e[kMaxQ];
-  const uint8_t* mask[kMaxQ];  // null where the query sees every key up to its last one
   int64_t L = -1;
   for (int64_t i = 0; i < nq; ++i) {
-    bool dense;
-    last[i] = last_visible(vis[i], S, &dense);
-    mask[i] = dense ? nullptr : vis[i];
     L = last[i] > L ? last[i] : L;
-    e[i] = scratch + i * (S + 16);
+    e[i] = scratch + i * ld;
     top[i] = -__builtin_inff();
-    for (int64_t c = 0; c < d; ++c) o[i][c] = 0.0f;
+    sum[i] = 0.0f;
+    for (int64_t c = 0; c < d; ++c) acc[i][c] = 0.0f;
   }
   // the scores, a block of 16 keys against every query while the block is in L1 (0 for the
   // keys a query does not see), and each query's largest visible score
@@ -205,8 +173,59 @@ static void attend_many(int64_t nq, const float* const* qs, const uint8_t* const
   int64_t i = 0;
   for (; i + ES_ATT_G <= nq; i += ES_ATT_G)
     for (int64_t c0 = 0; c0 < d; c0 += 16 * ES_ATT_CW)
-      values_tile<ES_ATT_G, ES_ATT_CW>(e + i, mask + i, last + i, sum + i, v, ldk, d, c0, o + i);
+      values_tile<ES_ATT_G, ES_ATT_CW>(e + i, mask + i, last + i, v, ldk, d, c0, acc + i);
   for (; i < nq; ++i)
     for (int64_t c0 = 0; c0 < d; c0 += 16 * ES_ATT_CW)
-      values_tile<1, ES_ATT_CW>(e + i, mask + i, last + i, sum + i, v, ldk, d, c0, o + i);
+      values_tile<1, ES_ATT_CW>(e + i, mask + i, last + i, v, ldk, d, c0, acc + i);
+}
+
+// A query's output from its runs' partials (attend_run), runs in key order: no visible key,
+// zeros; one run, acc / sum; several, weighted by w_r = exp(top_r - top) for the largest top:
+// (sum over r of w_r acc_r) / (sum over r of w_r sum_r), both in run order (the first a fused
+// multiply-add chain per lane, the second a product then an add per run).
+static void attend_finish(int64_t runs, const float* top, const float* sum,
+                          const float* const* acc, int64_t d, float* o) {
+  // a run with a visible key has sum >= 1 (its largest score's exp(0)), or NaN: kept
+  float t = -__builtin_inff();
+  int64_t seen = 0;
+  for (int64_t r = 0; r < runs; ++r)
+    if (!(sum[r] == 0.0f)) {
+      t = top[r] > t ? top[r] : t;
+      ++seen;
+    }
+  if (!seen) {
+    for (int64_t c = 0; c < d; ++c) o[c] = 0.0f;
+    return;
+  }
+  if (runs == 1) {
+    const V den = vset1(sum[0]);
+    for (int64_t c = 0; c < d; c += 16) {
+      const int64_t n = d - c < 16 ? d - c : 16;
+      float out[16];
+      vstore(out, vdiv(n == 16 ? vload(acc[0] + c) : loadx_tail(acc[0] + c, n), den));
+      for (int64_t q = 0; q < n; ++q) o[c + q] = out[q];
+    }
+    return;
+  }
+  float w[kAttnMaxRuns + 16];
+  for (int64_t r = 0; r < runs; r += 16) {  // exp in chunks of 16 runs, elementwise
+    const int64_t n = runs - r < 16 ? runs - r : 16;
+    float x[16];
+    for (int64_t q = 0; q < 16; ++q) x[q] = q < n ? top[r + q] - t : 0.0f;
+    vstore(w + r, vexp(vload(x)));
+  }
+  float den = 0.0f;
+  for (int64_t r = 0; r < runs; ++r)
+    if (!(sum[r] == 0.0f)) den = den + w[r] * sum[r];  // an empty run adds nothing
+  const V vden = vset1(den);
+  for (int64_t c = 0; c < d; c += 16) {
+    const int64_t n = d - c < 16 ? d - c : 16;
+    V a = vzero();
+    for (int64_t r = 0; r < runs; ++r)
+      if (!(sum[r] == 0.0f))
+        a = vfma(vset1(w[r]), n == 16 ? vload(acc[r] + c) : loadx_tail(acc[r] + c, n), a);
+    float out[16];
+    vstore(out, vdiv(a, vden));
+    for (int64_t q = 0; q < n; ++q) o[c + q] = out[q];
+  }
 }

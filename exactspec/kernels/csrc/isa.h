@@ -15,6 +15,11 @@
 
 namespace exactspec {
 
+// attention over a long context: a query's keys in runs of kAttnRun fixed by key index (its
+// runs computed apart, then combined in key order: impl_attn.h), at most kAttnMaxRuns of them
+constexpr int64_t kAttnRun = 512;
+constexpr int64_t kAttnMaxRuns = 64;
+
 // dtype codes of a weight matrix
 enum WeightType : int { W_F32 = 0, W_BF16 = 1, W_I8 = 2 };
 
@@ -32,13 +37,17 @@ struct Isa {
   // in place on `heads` heads of d values at x + m * ldx, with cos/sin [M, d], for m in [m0, m1)
   void (*rope)(float* x, int64_t ldx, int64_t heads, int64_t d, const float* cos,
                const float* sin, int64_t m0, int64_t m1);
-  // nq <= 64 queries qs[i] of d floats over the keys k_j = k + j * ldk, j < S (values v
-  // alike), query i seeing the keys with vis[i][j] != 0 (all when vis[i] is null): o[i][:d] =
-  // sum_j softmax(scale * q.k_j)_j v_j over its visible keys, in key order, each query as it
-  // would be alone (zeros when it sees no key); scratch: nq * (S + 16) floats (impl_attn.h)
-  void (*attend_many)(int64_t nq, const float* const* qs, const uint8_t* const* vis,
-                      const float* k, const float* v, int64_t ldk, int64_t S, int64_t d,
-                      float scale, float* scratch, float* const* o);
+  // one run of keys for nq <= 64 queries (impl_attn.h): keys k + j * ldk (values alike) for
+  // j <= last[i] (none when < 0), seen where mask[i] is null or mask[i][j] != 0: top[i] the
+  // largest visible score * scale, sum[i] the sum of exp(score - top) in key order, acc[i][:d]
+  // the sum of exp(score - top) v_j in key order; scratch: nq * ld floats, ld >= max last + 17
+  void (*attend_run)(int64_t nq, const float* const* qs, const uint8_t* const* mask,
+                     const int64_t* last, const float* k, const float* v, int64_t ldk,
+                     int64_t d, float scale, float* scratch, int64_t ld, float* top,
+                     float* sum, float* const* acc);
+  // a query's output o[:d] from its runs' (top, sum, acc) in key order (impl_attn.h)
+  void (*attend_finish)(int64_t runs, const float* top, const float* sum,
+                        const float* const* acc, int64_t d, float* o);
   // y[m, i] = gelu_tanh(g[m, i]) * g[m, I + i], g: [M, 2I], for m in [m0, m1) (impl_act.h)
   void (*gelu_tanh_mul)(const float* g, int64_t I, float* y, int64_t m0, int64_t m1);
   // y[m, n] = (float(sum_k xq[m, k] w[n, k]) * sx[m]) * scale[n] (the sum exact, in integers)

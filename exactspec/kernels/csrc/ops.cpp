@@ -9,6 +9,8 @@
 #include <cmath>
 #include <limits>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -271,6 +273,35 @@ void rope_(const at::Tensor& x, const at::Tensor& cos_, const at::Tensor& sin_, 
   });
 }
 
+namespace {
+// the last key a query sees (-1: none), and whether it sees every key up to it; the mask read
+// 8 bytes at a time (bool bytes: 0 or 1)
+int64_t last_visible(const uint8_t* visible, int64_t S, bool* dense) {
+  *dense = true;
+  if (!visible) return S - 1;
+  int64_t j = S;
+  for (; j >= 8; j -= 8) {
+    uint64_t w;
+    std::memcpy(&w, visible + j - 8, 8);
+    if (w) break;
+  }
+  while (j > 0 && !visible[j - 1]) --j;
+  const int64_t last = j - 1;
+  int64_t i = 0;
+  for (; i + 8 <= last + 1; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, visible + i, 8);
+    if ((w - 0x0101010101010101ULL) & ~w & 0x8080808080808080ULL) break;  // a zero byte
+  }
+  for (; i <= last; ++i)
+    if (!visible[i]) {
+      *dense = false;
+      break;
+    }
+  return last;
+}
+}  // namespace
+
 // q [B, T, h, d], k / v [B, kv, S, d] (strided over B and kv; rows of d contiguous, one key
 // every ldk floats), mask [B, 1, T, S] or [B, T, S] bool or none -> [B, T, h, d]
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -306,49 +337,129 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                                      : nullptr;
   float* op = o.data_ptr<float>();
   const int64_t rep = H / KV;
+  // Each query's visible keys: its last one and whether it sees all before it; its keys in
+  // runs of kAttnRun fixed by key index (one run up to 512 keys), combined in key order, so a
+  // query's bits depend on its own keys only, whatever the call's width, the tasks or threads.
+  std::vector<int64_t> last(B * T);
+  std::vector<const uint8_t*> mrow(B * T);
+  int64_t max_last = -1;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const uint8_t* row = mp ? mp + b * mb + t * mt : nullptr;
+      bool dense;
+      last[b * T + t] = last_visible(row, S, &dense);
+      mrow[b * T + t] = dense ? nullptr : row;
+      max_last = std::max(max_last, last[b * T + t]);
+    }
+  const int64_t runs_max = max_last < 0 ? 1 : max_last / kAttnRun + 1;
+  TORCH_CHECK(runs_max <= kAttnMaxRuns, "attention: at most ", kAttnMaxRuns * kAttnRun,
+              " keys, got ", S);
   // Tasks: the query heads of one key/value head at up to 24 / rep consecutive positions,
   // which share each block of keys while it is in L1; when that gives the threads too few
-  // tasks (a one-token step) and a head's keys and values fit in L2, one head each (past
-  // that, splitting a group read its keys and values from memory once per head: decode at a
-  // 2k context 30 -> 24 ms a step, docs/performance.md). Taken from a shared counter, the
-  // positions that see the most keys first, so a thread that falls behind (a busy core) takes
-  // fewer. No effect on any result: each query is computed as it would be alone (impl_attn.h).
+  // tasks (a one-token step) and a head's keys and values fit in L2, one head each. With few
+  // tasks each (task, run) is a work item of its own, so the runs of a long context spread
+  // over the threads, each key read once (a one-token step at 2k keys: docs/performance.md);
+  // with many (prefill), a task does its runs in turn. Work items come from a shared counter,
+  // the latest positions first, so a thread that falls behind (a busy core) takes fewer.
   const int threads = at::get_num_threads();
   const int64_t tb = std::max<int64_t>(1, std::min<int64_t>(T, 24 / rep));
   const int64_t tblocks = (T + tb - 1) / tb;
   const bool in_l2 = 2 * S * d * static_cast<int64_t>(sizeof(float)) <= (int64_t{256} << 10);
   const int64_t hsplit = (B * KV * tblocks < 2 * threads && in_l2) ? rep : 1;
-  const int64_t hper = rep / hsplit;
+  const int64_t hper = rep / hsplit, nqmax = tb * hper;
   const int64_t tasks = B * KV * hsplit * tblocks;
-  std::atomic<int64_t> next{0};
-  auto run = [&](int64_t, int64_t) {
-    std::vector<float> scratch(tb * hper * (S + 16));
-    std::vector<const float*> qs(tb * hper);
-    std::vector<const uint8_t*> vis(tb * hper);
-    std::vector<float*> outs(tb * hper);
-    for (int64_t i = next++; i < tasks; i = next++) {
-      const int64_t blk = tblocks - 1 - i / (B * KV * hsplit);  // the latest positions first
-      const int64_t rest = i % (B * KV * hsplit);
-      const int64_t b = rest / (KV * hsplit), g = (rest / hsplit) % KV, part = rest % hsplit;
-      const int64_t off = b * k.stride(0) + g * k.stride(1);
-      int64_t nq = 0;
-      for (int64_t t = blk * tb; t < std::min(T, (blk + 1) * tb); ++t)
-        for (int64_t h = g * rep + part * hper; h < g * rep + (part + 1) * hper; ++h) {
-          qs[nq] = qp + b * q.stride(0) + t * q.stride(1) + h * q.stride(2);
-          vis[nq] = mp ? mp + b * mb + t * mt : nullptr;
-          outs[nq] = op + ((b * T + t) * H + h) * d;
-          ++nq;
-        }
-      kern.attend_many(nq, qs.data(), vis.data(), kp + off, vp + off, k.stride(2), S, d,
-                       static_cast<float>(scale), scratch.data(), outs.data());
+  const bool by_run = runs_max > 1 && tasks < 4 * threads;
+  const int64_t stride = d + 2;  // a query's partial in a run: top, sum, acc[d]
+  std::vector<float> partials(by_run ? tasks * runs_max * nqmax * stride : 0);
+  // task i's queries: (b, t, h) for its positions and heads
+  auto queries = [&](int64_t i, int64_t* bt, int64_t* hs) {
+    const int64_t blk = tblocks - 1 - i / (B * KV * hsplit);  // the latest positions first
+    const int64_t rest = i % (B * KV * hsplit);
+    const int64_t b = rest / (KV * hsplit), g = (rest / hsplit) % KV, part = rest % hsplit;
+    int64_t nq = 0;
+    for (int64_t t = blk * tb; t < std::min(T, (blk + 1) * tb); ++t)
+      for (int64_t h = g * rep + part * hper; h < g * rep + (part + 1) * hper; ++h) {
+        bt[nq] = b * T + t;
+        hs[nq] = h;
+        ++nq;
+      }
+    return nq;
+  };
+  // run r of task i's queries into part (nqmax slots of `stride` floats)
+  auto run_one = [&](int64_t i, int64_t r, float* part, float* scratch) {
+    int64_t bt[64], hs[64], rel[64];
+    const float* qs[64];
+    const uint8_t* ms[64];
+    float *acc[64], top[64], sum[64];
+    const int64_t nq = queries(i, bt, hs);
+    const int64_t b = bt[0] / T, g = hs[0] / rep, j0 = r * kAttnRun;
+    for (int64_t u = 0; u < nq; ++u) {
+      qs[u] = qp + b * q.stride(0) + (bt[u] % T) * q.stride(1) + hs[u] * q.stride(2);
+      ms[u] = mrow[bt[u]] ? mrow[bt[u]] + j0 : nullptr;
+      rel[u] = std::min(last[bt[u]], j0 + kAttnRun - 1) - j0;  // < 0: no key in this run
+      acc[u] = part + u * stride + 2;
+    }
+    const int64_t off = b * k.stride(0) + g * k.stride(1) + j0 * k.stride(2);
+    kern.attend_run(nq, qs, ms, rel, kp + off, vp + off, k.stride(2), d,
+                    static_cast<float>(scale), scratch, kAttnRun + 32, top, sum, acc);
+    for (int64_t u = 0; u < nq; ++u) {
+      part[u * stride] = top[u];
+      part[u * stride + 1] = sum[u];
     }
   };
-  // (a lower bar than the products': a one-token step's 9 heads over ~100 keys ran on one
-  // thread while the other waited)
-  if (tasks > 1 && threads > 1 && B * T * H * S * d >= kParallelWork / 16)
-    at::parallel_for(0, threads, 1, run);
-  else
-    run(0, 1);
+  // task i's outputs from its runs' partials (part(r) gives run r's slots)
+  auto finish = [&](int64_t i, const std::function<float*(int64_t)>& part) {
+    int64_t bt[64], hs[64];
+    const int64_t nq = queries(i, bt, hs);
+    for (int64_t q = 0; q < nq; ++q) {
+      const int64_t runs = last[bt[q]] < 0 ? 1 : last[bt[q]] / kAttnRun + 1;
+      float top[kAttnMaxRuns], sum[kAttnMaxRuns];
+      const float* acc[kAttnMaxRuns];
+      for (int64_t r = 0; r < runs; ++r) {
+        const float* p = part(r) + q * stride;
+        top[r] = p[0];
+        sum[r] = p[1];
+        acc[r] = p + 2;
+      }
+      kern.attend_finish(runs, top, sum, acc, d, op + (bt[q] * H + hs[q]) * d);
+    }
+  };
+  const bool parallel = threads > 1 && B * T * H * S * d >= kParallelWork / 16;
+  auto workers = [&](const std::function<void()>& body) {
+    if (parallel) at::parallel_for(0, threads, 1, [&](int64_t, int64_t) { body(); });
+    else body();
+  };
+  if (by_run) {  // (task, run) items, then each task's outputs
+    std::atomic<int64_t> next{0};
+    workers([&] {
+      std::vector<float> scratch(nqmax * (kAttnRun + 32));
+      for (int64_t w = next++; w < tasks * runs_max; w = next++) {
+        const int64_t i = w % tasks, r = w / tasks;
+        run_one(i, r, partials.data() + (i * runs_max + r) * nqmax * stride, scratch.data());
+      }
+    });
+    std::atomic<int64_t> fin{0};
+    workers([&] {
+      for (int64_t i = fin++; i < tasks; i = fin++)
+        finish(i, [&](int64_t r) { return partials.data() + (i * runs_max + r) * nqmax * stride; });
+    });
+  } else {  // each task's runs in turn, then its outputs
+    std::atomic<int64_t> next{0};
+    workers([&] {
+      std::vector<float> scratch(nqmax * (kAttnRun + 32));
+      std::vector<float> local(runs_max * nqmax * stride);
+      for (int64_t i = next++; i < tasks; i = next++) {
+        int64_t bt[64], hs[64];
+        const int64_t nq = queries(i, bt, hs);
+        int64_t runs = 1;
+        for (int64_t q = 0; q < nq; ++q)
+          runs = std::max(runs, last[bt[q]] < 0 ? 1 : last[bt[q]] / kAttnRun + 1);
+        for (int64_t r = 0; r < runs; ++r)
+          run_one(i, r, local.data() + r * nqmax * stride, scratch.data());
+        finish(i, [&](int64_t r) { return local.data() + r * nqmax * stride; });
+      }
+    });
+  }
   return o;
 }
 
