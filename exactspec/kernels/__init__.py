@@ -9,9 +9,11 @@ run by `make run` / `make test`), registered with torch.library as `torch.ops.ex
 
 ops.py      the Python side: the operators (linear, attention, ...) and the ISA switch
 build.py    compiling `csrc/` for this CPU (`__main__.py`: `python -m exactspec.kernels`)
-csrc/       the C++: ops.cpp (registration), ops_layer.cpp (the decoder layers in one call),
-            isa.h / impl.h (the fixed reduction order),
-            isa_*.cpp and vec_*.h per instruction set (avx512, avx2, portable)
+csrc/       the C++: ops.cpp (registration, the threads' tasks), ops_layer.cpp (the decoder
+            layers in one call), isa.h / impl.h (the fixed reduction order; the products),
+            impl_attn.h (attention in query groups and runs of keys), impl_w8a16.h (int8),
+            impl_act.h, isa_*.cpp and vec_*.h per instruction set (avx512vnni, avx512, avx2,
+            portable); threads.py chooses each forward's thread count
 """
 
 from exactspec.kernels.ops import (
