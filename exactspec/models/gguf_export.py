@@ -8,7 +8,8 @@ compute differently (a sliding window its architecture lacks, logit soft-capping
 scaling it cannot express, an unknown parameter) is refused (`unsupported` says why), never
 written approximately: a wrong file would make a silently useless draft.
 
-Weights are stored as F32, Q8_0 (8-bit blocks of 32), Q4_0 (4-bit blocks of 32, a scale) or Q4_1
+Weights are stored as F32, BF16 (rounded to bfloat16), Q8_0 (8-bit blocks of 32), Q4_0 (4-bit
+blocks of 32, a scale) or Q4_1
 (4-bit blocks of 32, a scale and a minimum), quantized by the `gguf` package's own reference
 quantizers from the model's current float32 weights; norms and biases stay F32. For llama.cpp's
 "llama" architecture the q / k projections are permuted from transformers' rotate-half RoPE
@@ -30,7 +31,7 @@ import torch
 
 from exactspec.errors import InvalidValue
 
-QUANT_TYPES = ("f32", "q8_0", "q4_0", "q4_1")  # what `export_gguf` writes
+QUANT_TYPES = ("f32", "bf16", "q8_0", "q4_0", "q4_1")  # what `export_gguf` writes
 
 # transformers' per-layer parameter (module path in a decoder layer) -> GGUF tensor, shared
 LAYER_TENSORS = {
@@ -172,7 +173,8 @@ def export_gguf(model, path: str | os.PathLike[str], qtype: str = "q8_0") -> Pat
     arch = ARCHS[cfg.model_type]
     heads, kv_heads, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, _head_dim(cfg)
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    quant = {"f32": gguf.GGMLQuantizationType.F32, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    quant = {"f32": gguf.GGMLQuantizationType.F32, "bf16": gguf.GGMLQuantizationType.BF16,
+             "q8_0": gguf.GGMLQuantizationType.Q8_0,
              "q4_0": gguf.GGMLQuantizationType.Q4_0,
              "q4_1": gguf.GGMLQuantizationType.Q4_1}[qtype]
     path = Path(path)
@@ -205,7 +207,7 @@ def export_gguf(model, path: str | os.PathLike[str], qtype: str = "q8_0") -> Pat
             w.add_rope_scaling_factor(float(div[0]))
     else:
         freqs = div.float()
-    w.add_file_type(int({"f32": 0, "q8_0": 7, "q4_0": 2, "q4_1": 3}[qtype]))  # llama_ftype
+    w.add_file_type(int({"f32": 0, "bf16": 32, "q8_0": 7, "q4_0": 2, "q4_1": 3}[qtype]))  # llama_ftype
     w.add_tokenizer_model("llama")
     w.add_token_list([f"<t{i}>".encode() for i in range(vocab)])
     w.add_token_scores([0.0] * vocab)
@@ -216,7 +218,8 @@ def export_gguf(model, path: str | os.PathLike[str], qtype: str = "q8_0") -> Pat
 
     def add(name: str, t: torch.Tensor) -> None:
         a = t.detach().float().cpu().numpy()
-        if quant != gguf.GGMLQuantizationType.F32 and a.ndim == 2 and a.shape[1] % 32 == 0:
+        bf16 = quant == gguf.GGMLQuantizationType.BF16
+        if quant != gguf.GGMLQuantizationType.F32 and a.ndim == 2 and (bf16 or a.shape[1] % 32 == 0):
             w.add_tensor(name, gguf.quants.quantize(a, quant), raw_dtype=quant)
         else:  # norms, biases, rows not in whole blocks
             w.add_tensor(name, a.astype(np.float32))

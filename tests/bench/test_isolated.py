@@ -11,6 +11,7 @@ import pytest
 from exactspec.bench import Bench, BenchConfig, EngineSpec, Workload, format_report
 from exactspec.bench.engines import Engines
 from exactspec.bench.isolated import EngineCrashed, Isolated
+from exactspec.bench.llama_cpp import FORMATS
 from tests.bench.crashing_engine import CrashingEngine
 from tests.engine.tiny import tiny_model
 
@@ -73,5 +74,5 @@ def test_an_unusable_llama_cpp_leaves_its_rows_out_with_the_reason(monkeypatch):
                   workloads=workloads, progress=False)
     assert [s.name for s in bench.specs] == ["exactspec plain"]
     result = bench.run()
-    assert set(result["left_out"]) == {"llama.cpp f32", "llama.cpp q8_0", "llama.cpp q4_1"}
+    assert set(result["left_out"]) == {f"llama.cpp {f}" for f in FORMATS}
     assert f"llama.cpp q8_0: not run here: {why}" in format_report(result)

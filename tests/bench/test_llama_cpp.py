@@ -24,7 +24,7 @@ from tests.engine.tiny import tiny_model
 pytestmark = pytest.mark.skipif(not llama_cpp_available(),
                                 reason=llama_cpp_why())
 
-F32, Q8, Q4 = llama_cpp_engines()
+F32, Q8, Q4 = llama_cpp_engines(("f32", "q8_0", "q4_1"))
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7], [9], [1, 2, 3, 1, 2, 3, 1, 2, 3]]
 
 
@@ -92,6 +92,15 @@ def test_weight_bytes_follow_the_block_formats(target):
                       if isinstance(m, torch.nn.Linear))  # projections + untied head
     assert runner.weight_bytes(Q8) * 32 == f32 // 4 * 34
     assert runner.weight_bytes(Q4) * 32 == f32 // 4 * 20
+
+
+def test_bf16_and_q4_0_rows_read_their_formats_bytes(target):
+    """bf16: 2 bytes per weight, half of f32's; q4_0: 18 bytes per 32 values (a scale, 16)."""
+    bf16, q4_0 = llama_cpp_engines(("bf16", "q4_0"))
+    runner = Engines(target)
+    f32 = runner.weight_bytes(F32)
+    assert runner.weight_bytes(bf16) * 2 == f32
+    assert runner.weight_bytes(q4_0) * 32 == f32 // 4 * 18
 
 
 def test_tied_head_counts_the_embedding(tmp_path):

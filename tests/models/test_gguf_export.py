@@ -83,6 +83,16 @@ def test_q8_0_export_keeps_the_argmax(model_type, tmp_path):
     assert float(agree) >= 0.75
 
 
+@pytest.mark.parametrize("model_type", list(EXPORTED))
+def test_bf16_export_computes_the_model_in_bfloat16(model_type, tmp_path):
+    """BF16 GGUF: llama.cpp multiplies bf16 weights (and rounds activations to bf16): close to
+    the float32 model, within a few bf16 roundings of the logits' range."""
+    model = exported_tiny(model_type)
+    got, want = per_position(model, export_gguf(model, tmp_path / "m.gguf", "bf16"), PROMPT)
+    assert float((got.argmax(-1) == want.argmax(-1)).float().mean()) >= 0.75
+    assert float((got - want).abs().max()) <= 0.05 * float(want.abs().max())
+
+
 @pytest.mark.parametrize(("model_type", "wrong"), [
     ("gemma3_text", {"norm_shift": 0.0}),  # Gemma's norms without their + 1
     ("llama", {"permute_qk": False}),  # rotate-half rows read as interleaved pairs
