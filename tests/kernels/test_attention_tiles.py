@@ -35,6 +35,7 @@ SHAPES = [
     (1, 1, 9, 3, 1500, 64),  # a one-token step past 512 keys: three runs, one per work item
     (2, 5, 6, 2, 1100, 48),  # a verify over runs of 512, 512 and a part
     (1, 40, 4, 2, 530, 16),  # a prefill whose queries have one run or two (runs in turn)
+    (1, 2, 96, 1, 600, 16),  # 96 query heads on one key/value head: past a task's 24 queries
 ]
 
 

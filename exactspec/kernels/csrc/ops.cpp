@@ -356,7 +356,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               " keys, got ", S);
   // Tasks: the query heads of one key/value head at up to 24 / rep consecutive positions,
   // which share each block of keys while it is in L1; when that gives the threads too few
-  // tasks (a one-token step) and a head's keys and values fit in L2, one head each. With few
+  // tasks (a one-token step) and a head's keys and values fit in L2, or when a group has more
+  // than 24 heads (a task holds at most 24 queries), one head each. With few
   // tasks each (task, run) is a work item of its own, so the runs of a long context spread
   // over the threads, each key read once (a one-token step at 2k keys: docs/performance.md);
   // with many (prefill), a task does its runs in turn. Work items come from a shared counter,
@@ -365,7 +366,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int64_t tb = std::max<int64_t>(1, std::min<int64_t>(T, 24 / rep));
   const int64_t tblocks = (T + tb - 1) / tb;
   const bool in_l2 = 2 * S * d * static_cast<int64_t>(sizeof(float)) <= (int64_t{256} << 10);
-  const int64_t hsplit = (B * KV * tblocks < 2 * threads && in_l2) ? rep : 1;
+  const int64_t hsplit = ((B * KV * tblocks < 2 * threads && in_l2) || rep > 24) ? rep : 1;
   const int64_t hper = rep / hsplit, nqmax = tb * hper;
   const int64_t tasks = B * KV * hsplit * tblocks;
   const bool by_run = runs_max > 1 && tasks < 4 * threads;
