@@ -120,9 +120,29 @@ static constexpr auto tile_table(std::integer_sequence<int, MR...>) {
 // - past ES_MB rows of x, the rows in chunks of ES_MB, each meeting 64 weight rows before the
 //   next 64, so that a chunk of x and those weights both stay in L2 (prefill), whatever range
 //   of rows the caller hands one call.
+// mc rows of x in balanced groups of at most cap rows (17 = 6 + 6 + 5) against the weight rows
+// [n0, n1) of w in tiles of at most nrmax of them; the first group's tiles prefetch `ahead`
+// rows further on
+template <size_t R, size_t C>
+static inline void groups_meet_block(const std::array<std::array<TileFn, C>, R>& table,
+                                     const float* x, int64_t mc, int64_t K, const void* w,
+                                     const float* scale, float* y, int64_t ldy, int64_t n0,
+                                     int64_t n1, int64_t cap, int64_t nrmax, int64_t ahead) {
+  const int64_t groups = (mc + cap - 1) / cap;
+  int64_t r0 = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t r1 = mc * (g + 1) / groups, mr = r1 - r0;
+    for (int64_t n = n0; n < n1; n += nrmax) {
+      const int64_t nr = n1 - n < nrmax ? n1 - n : nrmax;
+      table[mr - 1][nr - 1](x + r0 * K, K, w, scale, y + r0 * ldy, ldy, n, g == 0 ? ahead : 0);
+    }
+    r0 = r1;
+  }
+}
+
 // bf16 / int8 weights against more than ES_CONV_ONCE rows of x: each block of weight rows is
-// converted to float32 once into a buffer of the thread (exact: every bf16 and int8 value is a float32)
-// while the next block is prefetched, then every group of rows meets the block through the
+// converted to float32 once into a buffer of the thread (exact: every bf16 and int8 value is a
+// float32) while the next block is prefetched, then every group of rows meets the block through the
 // float32 tiles. Each output gets the same multiply-adds in the same order as when a tile
 // converts the weights it loads (the one-row path), so the same bits; the conversion is paid
 // once per block, not once per group of rows, and the groups are those of float32 weights.
@@ -130,8 +150,8 @@ template <int WT>
 static void linear_conv(const float* x, int64_t M, int64_t K, const void* w, const float* scale,
                         float* y, int64_t ldy, int64_t n0, int64_t n1) {
   static constexpr auto table = tile_table<W_F32>(std::make_integer_sequence<int, ES_MR>());
-  const int64_t cap = M <= 16 ? ES_MR : ES_MR_LARGE;
-  const int64_t NB = M <= 16 ? ES_NB : ES_NB_LARGE;
+  static_assert(ES_CONV_ONCE >= 16, "linear_conv runs past 16 rows: the large tiles");
+  const int64_t cap = ES_MR_LARGE, NB = ES_NB_LARGE;
   const int64_t wb = WT == W_BF16 ? 2 : 1;
   thread_local std::vector<float> buffer;
   if (static_cast<int64_t>(buffer.size()) < NB * K) buffer.resize(NB * K);
@@ -155,21 +175,10 @@ static void linear_conv(const float* x, int64_t M, int64_t K, const void* w, con
           for (int64_t i = 0; i < K - k; ++i) row[k + i] = t[i];
         }
       }
-      for (int64_t mb = 0; mb < M; mb += ES_MB) {
-        const int64_t mc = M - mb < ES_MB ? M - mb : ES_MB;
-        const int64_t groups = (mc + cap - 1) / cap;
-        int64_t r0 = 0;
-        for (int64_t g = 0; g < groups; ++g) {
-          const int64_t r1 = mc * (g + 1) / groups, mr = r1 - r0;
-          const float* xg = x + (mb + r0) * K;
-          float* yg = y + (mb + r0) * ldy + nb;
-          for (int64_t n = 0; n < nbe - nb; n += ES_NR) {
-            const int64_t nr = nbe - nb - n < ES_NR ? nbe - nb - n : ES_NR;
-            table[mr - 1][nr - 1](xg, K, buf, scale ? scale + nb : nullptr, yg, ldy, n, 0);
-          }
-          r0 = r1;
-        }
-      }
+      for (int64_t mb = 0; mb < M; mb += ES_MB)
+        groups_meet_block(table, x + mb * K, M - mb < ES_MB ? M - mb : ES_MB, K, buf,
+                          scale ? scale + nb : nullptr, y + mb * ldy + nb, ldy, 0, nbe - nb,
+                          cap, ES_NR, 0);
     }
   }
 }
@@ -214,22 +223,9 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
     const int64_t sbe = sb + SB < n1 ? sb + SB : n1;
     for (int64_t mb = 0; mb < M; mb += ES_MB) {
       const int64_t mc = M - mb < ES_MB ? M - mb : ES_MB;  // rows in this chunk
-      const int64_t groups = (mc + cap - 1) / cap;
-      for (int64_t nb = sb; nb < sbe; nb += NB) {
-        const int64_t nbe = nb + NB < sbe ? nb + NB : sbe;
-        int64_t r0 = 0;
-        for (int64_t g = 0; g < groups; ++g) {
-          const int64_t r1 = mc * (g + 1) / groups, mr = r1 - r0;
-          const float* xg = x + (mb + r0) * K;
-          float* yg = y + (mb + r0) * ldy;
-          const int64_t ahead = g == 0 && mb == 0 && M > 1 ? NB : 0;
-          for (int64_t n = nb; n < nbe; n += nrmax) {
-            const int64_t nr = nbe - n < nrmax ? nbe - n : nrmax;
-            table[mr - 1][nr - 1](xg, K, w, scale, yg, ldy, n, ahead);
-          }
-          r0 = r1;
-        }
-      }
+      for (int64_t nb = sb; nb < sbe; nb += NB)
+        groups_meet_block(table, x + mb * K, mc, K, w, scale, y + mb * ldy, ldy, nb,
+                          nb + NB < sbe ? nb + NB : sbe, cap, nrmax, mb == 0 && M > 1 ? NB : 0);
     }
   }
 }

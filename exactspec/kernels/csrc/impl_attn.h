@@ -120,9 +120,7 @@ static void attend_run(int64_t nq, const float* const* qs, const uint8_t* const*
     L = last[i] > L ? last[i] : L;
     e[i] = scratch + i * ld;
     top[i] = -__builtin_inff();
-    sum[i] = 0.0f;
-    for (int64_t c = 0; c < d; ++c) acc[i][c] = 0.0f;
-  }
+  }  // (sum and acc: written whole below, zeros for a query without a key)
   // the scores, a block of 16 keys against every query while the block is in L1 (0 for the
   // keys a query does not see), and each query's largest visible score
   const V ninf = vset1(-__builtin_inff());
@@ -168,7 +166,8 @@ static void attend_run(int64_t nq, const float* const* qs, const uint8_t* const*
     }
   }
   // the sums, one add after another in key order per query (8 queries' chains side by side)
-  for (int64_t i = 0; i < nq; i += 8) sums8(nq - i < 8 ? nq - i : 8, e + i, mask + i, last + i, sum + i);
+  for (int64_t i = 0; i < nq; i += 8)
+    sums8(nq - i < 8 ? nq - i : 8, e + i, mask + i, last + i, sum + i);
   // the values: ES_ATT_G queries at a time against ES_ATT_CW chunks of 16 of d
   int64_t i = 0;
   for (; i + ES_ATT_G <= nq; i += ES_ATT_G)

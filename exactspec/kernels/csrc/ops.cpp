@@ -10,7 +10,6 @@
 #include <limits>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -340,6 +339,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   // Each query's visible keys: its last one and whether it sees all before it; its keys in
   // runs of kAttnRun fixed by key index (one run up to 512 keys), combined in key order, so a
   // query's bits depend on its own keys only, whatever the call's width, the tasks or threads.
+  auto runs_of = [](int64_t l) { return l < 0 ? int64_t{1} : l / kAttnRun + 1; };
   std::vector<int64_t> last(B * T);
   std::vector<const uint8_t*> mrow(B * T);
   int64_t max_last = -1;
@@ -351,7 +351,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       mrow[b * T + t] = dense ? nullptr : row;
       max_last = std::max(max_last, last[b * T + t]);
     }
-  const int64_t runs_max = max_last < 0 ? 1 : max_last / kAttnRun + 1;
+  const int64_t runs_max = runs_of(max_last);
   TORCH_CHECK(runs_max <= kAttnMaxRuns, "attention: at most ", kAttnMaxRuns * kAttnRun,
               " keys, got ", S);
   // Tasks: the query heads of one key/value head at up to 24 / rep consecutive positions,
@@ -409,11 +409,11 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     }
   };
   // task i's outputs from its runs' partials (part(r) gives run r's slots)
-  auto finish = [&](int64_t i, const std::function<float*(int64_t)>& part) {
+  auto finish = [&](int64_t i, auto part) {
     int64_t bt[64], hs[64];
     const int64_t nq = queries(i, bt, hs);
     for (int64_t q = 0; q < nq; ++q) {
-      const int64_t runs = last[bt[q]] < 0 ? 1 : last[bt[q]] / kAttnRun + 1;
+      const int64_t runs = runs_of(last[bt[q]]);
       float top[kAttnMaxRuns], sum[kAttnMaxRuns];
       const float* acc[kAttnMaxRuns];
       for (int64_t r = 0; r < runs; ++r) {
@@ -426,7 +426,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     }
   };
   const bool parallel = threads > 1 && B * T * H * S * d >= kParallelWork / 16;
-  auto workers = [&](const std::function<void()>& body) {
+  auto workers = [&](auto body) {
     if (parallel) at::parallel_for(0, threads, 1, [&](int64_t, int64_t) { body(); });
     else body();
   };
@@ -442,7 +442,9 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     std::atomic<int64_t> fin{0};
     workers([&] {
       for (int64_t i = fin++; i < tasks; i = fin++)
-        finish(i, [&](int64_t r) { return partials.data() + (i * runs_max + r) * nqmax * stride; });
+        finish(i, [&](int64_t r) {
+          return partials.data() + (i * runs_max + r) * nqmax * stride;
+        });
     });
   } else {  // each task's runs in turn, then its outputs
     std::atomic<int64_t> next{0};
@@ -453,8 +455,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         int64_t bt[64], hs[64];
         const int64_t nq = queries(i, bt, hs);
         int64_t runs = 1;
-        for (int64_t q = 0; q < nq; ++q)
-          runs = std::max(runs, last[bt[q]] < 0 ? 1 : last[bt[q]] / kAttnRun + 1);
+        for (int64_t q = 0; q < nq; ++q) runs = std::max(runs, runs_of(last[bt[q]]));
         for (int64_t r = 0; r < runs; ++r)
           run_one(i, r, local.data() + r * nqmax * stride, scratch.data());
         finish(i, [&](int64_t r) { return local.data() + r * nqmax * stride; });
