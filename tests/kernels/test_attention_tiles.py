@@ -114,23 +114,8 @@ def test_the_check_fails_for_torchs_attention(threads):
 
 
 def test_attention_over_several_runs_matches_float64(isa):
-    """Past 512 keys (three runs of keys): within test_ops' bound for one run, plus the combine's
-    rounding: each weight exp(s - top_r) exp(top_r - top) carries a second exp (4u) and the
-    product (u), and the runs' numerators and denominators each add gamma(runs)."""
-    from tests.kernels.test_ops import U, _attention_ref, dot_bound, gamma
+    """Past 512 keys (three runs of keys): within test_ops' bound with the runs' combine in it."""
+    from tests.kernels.test_ops import attention_error_and_bound
 
-    g = torch.Generator().manual_seed(11)
-    b, t, h, kv, s_len, d = 1, 4, 6, 2, 1300, 64
-    q = torch.randn(b, t, h, d, generator=g)
-    k = torch.randn(b, kv, s_len, d, generator=g)
-    v = torch.randn(b, kv, s_len, d, generator=g)
-    mask = torch.rand(b, t, s_len, generator=g) < 0.8
-    mask[..., 0] = True
-    scale = d ** -0.5
-    o = kernels.attention(q, k, v, mask, scale)
-    ref, mag_v, mag_s = _attention_ref(q, k, v, mask, scale)
-    delta = (dot_bound(d) + U) * mag_s.permute(0, 2, 1)[..., None]
-    runs = 3
-    bound = (2 * (2 * delta + 10 * U) + 2 * gamma(s_len) + 2 * gamma(runs) + U) * mag_v
-    err = (o.double() - ref).abs()
+    err, bound = attention_error_and_bound(11, (1, 4, 6, 2, 1300, 64), seen=0.8, runs=3)
     assert bool((err <= bound).all()), float(err.max())
