@@ -218,3 +218,30 @@ def test_the_t1_comparison_fails_on_the_torch_fallback(monkeypatch):
     spec = _run(target, T1, _drafter("int8-torch", target))
     with pytest.raises(AssertionError):
         _assert_t1_prefix_equal(plain, spec)
+
+
+LONG = [530, 700, 1030, 1100]  # prompt lengths past 512 keys: queries over 2 and 3 runs of keys
+
+
+@pytest.mark.parametrize("name", ["prompt-lookup", "int8-torch"])
+def test_past_512_keys_greedy_and_t1_prefix_equal_plain(name):
+    """Attention past 512 keys (runs of 512 combined in key order, csrc/impl_attn.h): greedy
+    ids and log p bit-equal to plain's, and T=1 log p equal on the common prefix, with a ragged
+    batch whose verify queries straddle run boundaries."""
+    model = tiny_llama(0, max_pos=2048, head_scale=HEAD_SCALE)
+    g = torch.Generator().manual_seed(9)
+    prompts = [(torch.randint(0, VOCAB, (4,), generator=g).tolist() * n)[:n] for n in LONG]
+    t1 = [es.SamplingParams(temperature=1.0, seed=300 + i) for i in range(len(LONG))]
+
+    def run(params, drafter=None):
+        return es.generate(model, prompts, drafter=drafter, params=params, max_new_tokens=40,
+                           num_draft_tokens=K, return_logprobs=True, batch_size=len(LONG))
+
+    plain, spec = run(GREEDY), run(GREEDY, _drafter(name, model))
+    for a, b in zip(plain, spec, strict=True):
+        assert a.token_ids == b.token_ids
+        assert torch.equal(torch.tensor(a.logprobs, dtype=torch.float64),
+                           torch.tensor(b.logprobs, dtype=torch.float64))
+    assert sum(s.stats.accepted for s in spec) > 0
+    checked = _assert_t1_prefix_equal(run(t1), run(t1, _drafter(name, model)))
+    assert checked >= MIN_MEAN_PREFIX * len(LONG), checked
