@@ -18,7 +18,6 @@
 #include "ops.h"
 
 namespace exactspec {
-namespace {
 
 // a product of the lean forward (formats.py's Matrix.kernel_args): float32 / bf16 / int8 parts
 // with optional per-column scales (kernels.linear), or one int8 tensor packed by
@@ -31,6 +30,8 @@ at::Tensor product(const at::Tensor& x, at::TensorList w, const c10::optional<at
   }
   return linear(x, w, scales, residual);
 }
+
+namespace {
 
 // x + norm(y) when the layer has that (sandwich) norm, else y already holds x + product
 at::Tensor add_normed(const at::Tensor& x, const at::Tensor& y,
