@@ -12,6 +12,7 @@ build.py    compiling `csrc/` for this CPU (`__main__.py`: `python -m exactspec.
 csrc/       the C++: ops.cpp (registration, the threads' tasks), ops_layer.cpp (the decoder
             layers in one call), isa.h / impl.h (the fixed reduction order; the products),
             impl_attn.h (attention in query groups and runs of keys), impl_w8a16.h (int8),
+            impl_w4.h (int4),
             impl_act.h, isa_*.cpp and vec_*.h per instruction set (avx512vnni, avx512, avx2,
             portable); threads.py chooses each forward's thread count
 """
@@ -25,14 +26,18 @@ from exactspec.kernels.ops import (
     gelu_tanh_mul,
     layer_stack,
     linear,
+    linear_w4a8,
     linear_w8a16,
+    pack_int4,
     pack_int8,
     rms_norm,
     rope_,
     set_isa,
     silu_mul,
+    unpack_int4,
 )
 
 __all__ = ["attention", "available_isas", "current_isa", "decoder_stack", "enabled",
-           "gelu_tanh_mul", "layer_stack", "linear", "linear_w8a16", "pack_int8", "rms_norm",
-           "rope_", "set_isa", "silu_mul"]
+           "gelu_tanh_mul", "layer_stack", "linear", "linear_w4a8", "linear_w8a16", "pack_int4",
+           "pack_int8", "rms_norm",
+           "rope_", "set_isa", "silu_mul", "unpack_int4"]

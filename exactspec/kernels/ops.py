@@ -66,6 +66,10 @@ def _register_fakes() -> None:
     def _linear_w8a16(x, w, scales, residual=None):
         return x.new_empty(x.shape[0], scales.shape[0])
 
+    @register(lib + "linear_w4a8")
+    def _linear_w4a8(x, w, scales, residual=None):
+        return x.new_empty(x.shape[0], scales.shape[0])
+
     @register(lib + "rms_norm")
     def _rms_norm(x, weight, eps):
         return torch.empty_like(x)
@@ -113,6 +117,53 @@ def linear_w8a16(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,  # -> [
     The int8 self-draft's product (Matrix.kernel): per 32 weights one widening load and one
     multiply-add against the float path's two conversions and two FMAs."""
     return torch.ops.exactspec.linear_w8a16(x, w, scales, residual)
+
+
+def pack_int4(q: torch.Tensor, d: torch.Tensor,  # [N, K] uint8 0..15, [N, G] bf16
+              m: torch.Tensor) -> torch.Tensor:  # [N, G] bf16 -> [ceil(N / 16), G, 320] uint8
+    """int4 weights in the layout `linear_w4a8` reads (csrc/impl_w4.h): panels of 16 rows (N
+    zero-padded), K zero-padded to G = Kp / 32 groups; a panel is one stream of blocks of 320
+    bytes, one per group: 4 x 64 bytes of nibbles (row i's 4 bytes at 4i: low nibbles inputs
+    8c..8c+3 of the group, high nibbles 8c+4..8c+7), then the group's d[16] and m[16] as bf16."""
+    n, k = q.shape
+    g = -(-k // 32)
+    if d.shape != (n, g) or m.shape != (n, g):
+        raise ValueError(f"d and m must be [{n}, {g}] (one per group of 32), got "
+                         f"{tuple(d.shape)} and {tuple(m.shape)}")
+    n16 = -(-n // 16) * 16
+    qp = torch.zeros(n16, g * 32, dtype=torch.uint8)
+    qp[:n, :k] = q
+    # [P, 16, G, 4 chunks, 2 halves, 4 bytes]: input 32 g + 8 c + 4 h + b
+    qv = qp.view(n16 // 16, 16, g, 4, 2, 4)
+    nib = qv[..., 0, :] | (qv[..., 1, :] << 4)  # [P, 16, G, 4, 4]: low half | high half << 4
+    nib = nib.permute(0, 2, 3, 1, 4).reshape(n16 // 16, g, 256)  # [P, G, (c, row, byte)]
+    scales = torch.zeros(2, n16, g, dtype=torch.bfloat16)
+    scales[0, :n], scales[1, :n] = d, m
+    sb = scales.view(2, n16 // 16, 16, g).permute(1, 3, 0, 2).contiguous()  # [P, G, 2, 16]
+    sb = sb.view(torch.uint8).reshape(n16 // 16, g, 64)
+    return torch.cat([nib, sb], dim=2).contiguous()
+
+
+def unpack_int4(w: torch.Tensor, n: int, k: int,  # -> q [n, k] uint8, d, m [n, G] bf16
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of `pack_int4` for the first n rows and k inputs."""
+    p, g = w.shape[0], w.shape[1]
+    nib = w[..., :256].reshape(p, g, 4, 16, 4).permute(0, 3, 1, 2, 4)  # [P, 16, G, 4, 4]
+    q = torch.stack([nib & 0xF, nib >> 4], dim=4)  # [P, 16, G, 4 chunks, 2 halves, 4 bytes]
+    q = q.reshape(p * 16, g * 32)[:n, :k]
+    sb = w[..., 256:].contiguous().view(torch.bfloat16).reshape(p, g, 2, 16)
+    sb = sb.permute(2, 0, 3, 1).reshape(2, p * 16, g)[:, :n]
+    return q.contiguous(), sb[0].contiguous(), sb[1].contiguous()
+
+
+def linear_w4a8(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,  # -> [M, N] float32
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ W^T for int4 W = scales[n] * (d q + m) in groups of 32 inputs, packed by `pack_int4`
+    (w), with each group of 32 inputs of a row of x rounded to int8 (x_q = round(x * 127 /
+    amax_g)): each group's integer sum is exact and the groups are added in group order by the
+    same float operations on every ISA, so the bits are identical on every unit and whatever
+    the other rows; plus `residual` ([M, N]) if given. The int4 self-draft's product."""
+    return torch.ops.exactspec.linear_w4a8(x, w, scales, residual)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [M, H]

@@ -14,8 +14,9 @@ computes `y` for activations of any leading shape:
 
 On the CPU, where our own kernels are built (`exactspec/kernels`), the lean forward calls
 `Matrix.kernel` instead: one batch-invariant product for float32 (the model's own parts, no
-copy), bfloat16 and int8 (float32 scales) weights, float32 activations; int4 keeps its torch
-kernel there.
+copy), bfloat16, int8 (float32 scales; int16 activations) and int4 weights (our own format,
+`quantize_int4_kernel`: asymmetric groups of 32 with bf16 d and m, 0.625 bytes a weight, int8
+activations per group; `kernels.linear_w4a8`), float32 activations in and out.
 
 Every quantized format also has a reference path, `Matrix.reference(x)`: the dequantized
 weight in float32, used by the tests and as the fallback where the packed kernel is slower than
@@ -37,6 +38,7 @@ Thirty layers of SmolLM2 matrices (weights not in cache, float32): one row 25.8 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -45,7 +47,7 @@ import torch.nn.functional as F
 
 from exactspec.errors import InvalidValue
 from exactspec.kernels import linear as kernel_linear
-from exactspec.kernels import linear_w8a16, pack_int8
+from exactspec.kernels import linear_w4a8, linear_w8a16, pack_int4, pack_int8, unpack_int4
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,8 @@ class Matrix:
                 y = torch.cat([F.linear(x2, w) for w in self.parts], dim=-1)
         elif not self.packed:
             y = F.linear(x2.float(), self.ref_weight)
+        elif self.fmt == "int4" and self.kernel_qweight is not None:  # our own int4 kernel
+            y = self.kernel(x2.float())
         else:
             xb = x2.to(torch.bfloat16)  # the packed kernels are fast with bf16 activations only
             if self.fmt == "bfloat16":
@@ -118,6 +122,10 @@ class Matrix:
         args = self.kernel_args()
         if args is not None:
             weights, scales = args
+            if weights[0].dim() == 3:
+                # int4 packed: int8 activations per group of 32, exact integer group sums
+                # (kernels.linear_w4a8)
+                return linear_w4a8(x, weights[0], scales, residual)
             if weights[0].dim() == 4:
                 # int8 packed: int16 activations, exact integer sums (kernels.linear_w8a16):
                 # 2-2.5x the float activation product's speed at one row (the self-draft's step)
@@ -129,12 +137,13 @@ class Matrix:
     def kernel_args(self) -> tuple[list[torch.Tensor], torch.Tensor | None] | None:
         """(weights, scales) of the product `kernel` runs, as the fused decoder-layer operator
         takes them (kernels.decoder_layer: a 4-dim int8 weight is linear_w8a16's packing), or
-        None where `kernel` has no kernel of ours (int4: torch's product)."""
+        None where `kernel` has no kernel of ours (int4 not built for the kernels: torch's
+        product)."""
         if self.parts is not None:
             return self.parts, None
         if self.fmt == "bfloat16" and self.packed:
             return [self.weight], None
-        if self.fmt == "int8" and self.kernel_qweight is not None:
+        if self.fmt in ("int8", "int4") and self.kernel_qweight is not None:
             return [self.kernel_qweight], self.kernel_scales
         if self.fmt == "int8" and self.qweight is not None and self.kernel_scales is not None:
             return [self.qweight], self.kernel_scales
@@ -152,6 +161,11 @@ class Matrix:
             return self.weight.float()
         if self.fmt == "int8":
             return self.qweight.float() * self.scales.float()[:, None]
+        if self.kernel_qweight is not None:  # int4 for our kernel
+            q, d, m = unpack_int4(self.kernel_qweight, self.out_features, self.in_features)
+            gs = 32
+            w = d.float().repeat_interleave(gs, 1) * q.float() + m.float().repeat_interleave(gs, 1)
+            return w * self.kernel_scales[:, None]
         return _int4_dequantize(self.qweight, self.scales, self.group_size, self.in_features)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out] float32
@@ -165,6 +179,8 @@ class Matrix:
             tensors = self.parts
         elif self.ref_weight is not None:
             tensors = [self.ref_weight]
+        elif self.fmt == "int4" and self.kernel_qweight is not None:
+            tensors = [self.kernel_qweight, self.kernel_scales]
         elif self.qweight is not None:
             tensors = [self.qweight, self.scales]
         else:
@@ -192,6 +208,11 @@ def make_matrix(weight: torch.Tensor, fmt: str, *, group_size: int = 32,
         return Matrix.float32_parts([w.float()])
     if fmt == "bfloat16":
         return Matrix("bfloat16", out_f, in_f, weight=w.to(torch.bfloat16).contiguous())
+    if fmt == "int4" and for_kernels and in_f % group_size == 0:
+        q, d, m = quantize_int4_kernel(w.float().cpu(), group_size)
+        return Matrix("int4", out_f, in_f, group_size=group_size,
+                      kernel_qweight=pack_int4(q, d, m),
+                      kernel_scales=torch.ones(out_f, dtype=torch.float32))
     if fmt == "int4" and (out_f % 16 or in_f % group_size):
         log.info("int4 refuses a [%d, %d] matrix (out %% 16, in %% %d); storing it as int8",
                  out_f, in_f, group_size)
@@ -237,6 +258,86 @@ def quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch
     sz = torch.stack([scale_b, zero], dim=-1).transpose(0, 1).contiguous()  # [G, out, 2]
     packed = torch._convert_weight_to_int4pack_for_cpu(q.reshape(out_f, in_f), 1)
     return packed, sz
+
+
+INT4_SCALES = ("search", "minmax")  # how quantize_int4_kernel picks a group's d and m
+
+
+def quantize_int4_kernel(w: torch.Tensor, group_size: int = 32, scales: str | None = None,
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 groups of `group_size` along `in` for our own kernel
+    (`kernels.linear_w4a8`): w ~ d * q + m, q in 0..15, d and m bfloat16 per group of 32 (a
+    larger group repeats its d and m over its blocks of 32). Returns q [out, in] uint8 and d, m
+    [out, in / 32] bfloat16.
+
+    `scales`: "search" (the default; $EXACTSPEC_INT4_SCALES overrides it) tries ranges narrower
+    than the group's min-max (clipping its extremes) and keeps, per group, the d and m of least
+    squared error (each candidate's d, m fitted by least squares to its q, as llama.cpp's
+    k-quants do); "minmax" takes d = (max - min) / 15, m = min. Either way q is then rounded
+    against the stored bf16 d and m, and the draft's q stays exactly what it computes: the
+    choice moves acceptance only (docs/performance.md, "The int4 kernel")."""
+    scales = scales or os.environ.get("EXACTSPEC_INT4_SCALES") or "search"
+    if scales not in INT4_SCALES:
+        raise InvalidValue(f"int4 scales {scales!r} must be one of {list(INT4_SCALES)} "
+                           "(EXACTSPEC_INT4_SCALES)")
+    out_f, in_f = w.shape
+    if in_f % group_size or group_size % 32:
+        raise InvalidValue(f"int4 groups of {group_size} need `in` ({in_f}) divisible by it and "
+                           "a multiple of 32")
+    ds, ms = [], []
+    for r0 in range(0, out_f, 4096):  # rows in chunks: the search holds a few copies
+        g = w[r0:r0 + 4096].reshape(-1, in_f // group_size, group_size)  # [R, G, gs]
+        d, m = _int4_search(g) if scales == "search" else _int4_minmax(g)
+        ds.append(d)
+        ms.append(m)
+    rep = group_size // 32
+    d = torch.cat(ds).to(torch.bfloat16).repeat_interleave(rep, 1)  # [out, in / 32]
+    m = torch.cat(ms).to(torch.bfloat16).repeat_interleave(rep, 1)
+    df, mf = d.float().repeat_interleave(32, 1), m.float().repeat_interleave(32, 1)
+    q = torch.where(df > 0, torch.round((w - mf) / torch.where(df > 0, df, 1.0)), 0.0)
+    return q.clamp(0, 15).to(torch.uint8), d, m
+
+
+def _int4_minmax(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [R, G, gs] -> [R, G]
+    lo, hi = g.amin(-1), g.amax(-1)
+    return (hi - lo) / 15.0, lo
+
+
+# candidate ranges of the search: (fraction of the min-max span, where it sits inside it)
+INT4_CANDIDATES = ((1.0, 0.0), (0.95, 0.5), (0.9, 0.5), (0.85, 0.5), (0.8, 0.5), (0.7, 0.5),
+                   (0.95, 0.0), (0.95, 1.0), (0.9, 0.0), (0.9, 1.0), (0.85, 0.0), (0.85, 1.0))
+
+
+def _int4_search(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per group, the (d, m) of least squared error among candidate ranges (INT4_CANDIDATES:
+    the min-max range and narrower ones), each candidate's q refitted by least squares."""
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)  # [R, G, 1]
+    best_d, best_m = ((hi - lo) / 15.0).squeeze(-1), lo.squeeze(-1)
+    best_err = _int4_error(g, best_d, best_m)
+    n = g.shape[-1]
+    for shrink, a in INT4_CANDIDATES:
+        span = (hi - lo) * shrink
+        base = lo + (hi - lo - span) * a
+        scale = torch.where(span > 0, span / 15.0, 1.0)
+        q = torch.round((g - base) / scale).clamp(0, 15)
+        sq, sw = q.sum(-1), g.sum(-1)
+        sqq, sqw = (q * q).sum(-1), (q * g).sum(-1)
+        det = n * sqq - sq * sq
+        d = torch.where(det > 0, (n * sqw - sq * sw) / torch.where(det > 0, det, 1.0),
+                        0.0).clamp(min=0)
+        m = (sw - d * sq) / n
+        err = ((g - (d[..., None] * q + m[..., None])) ** 2).sum(-1)
+        better = err < best_err
+        best_d = torch.where(better, d, best_d)
+        best_m = torch.where(better, m, best_m)
+        best_err = torch.where(better, err, best_err)
+    return best_d, best_m
+
+
+def _int4_error(g: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:  # [R, G]
+    dd, mm = d[..., None], m[..., None]
+    q = torch.where(dd > 0, torch.round((g - mm) / torch.where(dd > 0, dd, 1.0)), 0.0)
+    return ((g - (dd * q.clamp(0, 15) + mm)) ** 2).sum(-1)
 
 
 def _int4_unpack(packed: torch.Tensor, in_f: int) -> torch.Tensor:  # -> [out, in] int32 0..15

@@ -74,7 +74,8 @@ def test_a_wrong_fused_layer_is_caught():
 
 
 def test_a_product_without_a_kernel_keeps_the_per_operator_loop(monkeypatch):
-    """A product with no kernel of ours (packed int4 runs torch's) means no fused arguments:
+    """A product with no kernel of ours (torch's packed int4, where the kernels' int4 format
+    does not apply) means no fused arguments:
     the per-operator loop runs, and its logits are those of FUSED off."""
     model = model_of("llama", seed=4, vocab=40)
     lean = lean_forward_for(model)

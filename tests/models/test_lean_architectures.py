@@ -259,14 +259,15 @@ def _model_and_law(laws: dict, name: str):
     return laws[name]
 
 
-@pytest.mark.parametrize("drafted", [False, True], ids=["plain", "int8 self-draft"])
+@pytest.mark.parametrize("drafted", [None, 8, 4],
+                         ids=["plain", "int8 self-draft", "int4 self-draft"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_generate_samples_from_the_models_own_law(laws, name, drafted):
     torch.set_num_threads(1)
     model, law = _model_and_law(laws, name)
     assert lean_forward_for(model) is not None  # the lean path is what runs
-    counts, accepted = _counts(model, QuantizedDraft(8, backend="torch") if drafted else None,
-                               seed=21)
+    drafter = QuantizedDraft(drafted, backend="torch") if drafted else None
+    counts, accepted = _counts(model, drafter, seed=21)
     if drafted:
         assert accepted > ROWS // 20
     result = chi_square(counts, law)

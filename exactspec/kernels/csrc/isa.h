@@ -59,6 +59,14 @@ struct Isa {
   // one row of x [K] rounded to int16 for linear_w8a16: q[k] = round(x[k] * 32767 / amax),
   // clamped to +-32767, zeros from K to Kp, *sx = amax / 32767 (impl_w8a16.h)
   void (*quantize_i16)(const float* x, int64_t K, int64_t Kp, int16_t* q, float* sx);
+  // y[m, n] = scale[n] * sum over the groups g in order of sx[m, g] (d[n, g] S + m[n, g]
+  // xs[m, g]), S = sum_k xq[m, k] q[n, k] exact, for the outputs n < N of the panels of 16 in
+  // [p0, p1), m in [0, M): int4 weights packed by kernels.pack_int4 (impl_w4.h), G groups of 32
+  void (*linear_w4a8)(const int8_t* xq, int64_t ldx, const float* sx, const float* xs,
+                      int64_t M, int64_t G, const uint8_t* w, const float* scale, float* y,
+                      int64_t ldy, int64_t N, int64_t p0, int64_t p1);
+  // one row of x [K] rounded to int8 per group of 32 for linear_w4a8 (impl_w4.h)
+  void (*quantize_i8g)(const float* x, int64_t K, int64_t Kp, int8_t* xq, float* sx, float* xs);
 };
 
 namespace avx512vnni { extern const Isa isa; }

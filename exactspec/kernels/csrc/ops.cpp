@@ -220,6 +220,45 @@ at::Tensor linear_w8a16(const at::Tensor& x_, const at::Tensor& w, const at::Ten
   return y;
 }
 
+// x [M, K] float32, w int4 packed by kernels.pack_int4 ([ceil(N / 16), G, 320] uint8, G = Kp /
+// 32 groups, Kp = K rounded up to 32), scales [N] float32: each group of 32 inputs of a row of x
+// rounded to int8 (quantize_i8g), then y = scales[n] * (the groups' sx (d S + m X) in group
+// order, S exact) (impl_w4.h), (+ residual)
+at::Tensor linear_w4a8(const at::Tensor& x_, const at::Tensor& w, const at::Tensor& scales,
+                       const c10::optional<at::Tensor>& residual_) {
+  check_f32_rows(x_, "x", 2);
+  const at::Tensor x = x_.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), Kp = (K + 31) / 32 * 32, G = Kp / 32;
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.dim() == 1 && scales.is_contiguous(),
+              "scales must be a contiguous float32 [N] tensor");
+  const int64_t N = scales.size(0), panels = (N + 15) / 16;
+  TORCH_CHECK(w.dim() == 3 && w.size(0) == panels && w.size(1) == G && w.size(2) == 320 &&
+                  w.is_contiguous() && w.device().is_cpu() && w.scalar_type() == at::kByte,
+              "w must be int4 packed by kernels.pack_int4: [", panels, ", ", G,
+              ", 320] uint8, got ", w.scalar_type(), " ", w.sizes());
+  const at::Tensor residual = residual_of(residual_, M, N);
+  at::Tensor xq = at::empty({M, Kp}, x.options().dtype(at::kChar));
+  at::Tensor gs = at::empty({2, M, G}, x.options());  // each group's sx, then its sum X
+  const float* xp = x.data_ptr<float>();
+  int8_t* qp = xq.data_ptr<int8_t>();
+  float* sxp = gs.data_ptr<float>();
+  float* xsp = sxp + M * G;
+  const Isa& k = isa();
+  for (int64_t m = 0; m < M; ++m)
+    k.quantize_i8g(xp + m * K, K, Kp, qp + m * Kp, sxp + m * G, xsp + m * G);
+  at::Tensor y = at::empty({M, N}, x.options());
+  const float* rp = residual.defined() ? residual.data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const float* scp = scales.data_ptr<float>();
+  // chunks on whole panels of 16 rows
+  Chunks(M * N * K, panels, 1).run([&](int64_t p0, int64_t p1) {
+    k.linear_w4a8(qp, Kp, sxp, xsp, M, G, wp, scp, yp, N, N, p0, p1);
+    if (rp) add_residual(yp, rp, M, N, 16 * p0, std::min(16 * p1, N));
+  });
+  return y;
+}
+
 namespace {
 template <class F>
 void over_rows(int64_t M, int64_t work_per_row, F f) {
@@ -470,6 +509,7 @@ const Isa& current_unit() { return isa(); }
 TORCH_LIBRARY(exactspec, m) {
   m.def("linear(Tensor x, Tensor[] weights, Tensor? scales=None, Tensor? residual=None) -> Tensor");
   m.def("linear_w8a16(Tensor x, Tensor w, Tensor scales, Tensor? residual=None) -> Tensor");
+  m.def("linear_w4a8(Tensor x, Tensor w, Tensor scales, Tensor? residual=None) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin, int heads) -> ()");
@@ -482,6 +522,7 @@ TORCH_LIBRARY(exactspec, m) {
 TORCH_LIBRARY_IMPL(exactspec, CPU, m) {
   m.impl("linear", linear);
   m.impl("linear_w8a16", linear_w8a16);
+  m.impl("linear_w4a8", linear_w4a8);
   m.impl("rms_norm", rms_norm);
   m.impl("silu_mul", silu_mul);
   m.impl("rope_", rope_);

@@ -11,10 +11,12 @@ at::Tensor linear(const at::Tensor& x, at::TensorList weights,
 at::Tensor linear_w8a16(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales,
                         const c10::optional<at::Tensor>& residual);
 // a product of the lean forward as the decoder layer takes it (ops_layer.cpp): float32 / bf16 /
-// int8 parts with optional per-column scales (linear), or one packed int8 tensor with its
-// scales (linear_w8a16)
+// int8 parts with optional per-column scales (linear), or one packed int8 (linear_w8a16) or
+// int4 (linear_w4a8) tensor with its scales
 at::Tensor product(const at::Tensor& x, at::TensorList w, const c10::optional<at::Tensor>& scales,
                    const c10::optional<at::Tensor>& residual);
+at::Tensor linear_w4a8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales,
+                       const c10::optional<at::Tensor>& residual);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 at::Tensor silu_mul(const at::Tensor& gate_up);
 at::Tensor gelu_tanh_mul(const at::Tensor& gate_up);

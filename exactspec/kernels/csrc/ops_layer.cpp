@@ -21,12 +21,17 @@ namespace exactspec {
 
 // a product of the lean forward (formats.py's Matrix.kernel_args): float32 / bf16 / int8 parts
 // with optional per-column scales (kernels.linear), or one int8 tensor packed by
-// kernels.pack_int8 (4 dims) with its scales (kernels.linear_w8a16)
+// kernels.pack_int8 (4 dims) with its scales (kernels.linear_w8a16), or one int4 tensor packed
+// by kernels.pack_int4 (3 dims, uint8) with its scales (kernels.linear_w4a8)
 at::Tensor product(const at::Tensor& x, at::TensorList w, const c10::optional<at::Tensor>& scales,
                    const c10::optional<at::Tensor>& residual) {
   if (w.size() == 1 && w[0].dim() == 4) {
     TORCH_CHECK(scales.has_value(), "a packed int8 product needs its scales");
     return linear_w8a16(x, w[0], *scales, residual);
+  }
+  if (w.size() == 1 && w[0].dim() == 3 && w[0].scalar_type() == at::kByte) {
+    TORCH_CHECK(scales.has_value(), "a packed int4 product needs its scales");
+    return linear_w4a8(x, w[0], *scales, residual);
   }
   return linear(x, w, scales, residual);
 }

@@ -134,3 +134,33 @@ static inline void vi_out16(const int64_t* t, float sx, const float* scale, floa
     y[j] = s;
   }
 }
+
+// ---- the int4-weight x int8-activation product (impl_w4.h) ----
+struct QB { __m256i a, b; };  // 64 bytes of packed weights: lane i's 4 bytes, two nibbles each
+static inline QB vq_load(const uint8_t* p) {
+  return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))};
+}
+static inline QB vq_lo(QB w) {
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  return {_mm256_and_si256(w.a, m), _mm256_and_si256(w.b, m)};
+}
+static inline QB vq_hi(QB w) {
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  return {_mm256_and_si256(_mm256_srli_epi16(w.a, 4), m),
+          _mm256_and_si256(_mm256_srli_epi16(w.b, 4), m)};
+}
+// lane i += sum_b w[4i + b] x[b] (w unsigned 0..15): vpmaddubsw (|pair| <= 3810, no
+// saturation), then vpmaddwd by ones: the integers of AVX-512 VNNI's vpdpbusd
+static inline VI vq_dot(VI acc, QB w, const int8_t* x) {
+  int32_t v;
+  std::memcpy(&v, x, 4);
+  const __m256i b = _mm256_set1_epi32(v), one = _mm256_set1_epi16(1);
+  return {_mm256_add_epi32(acc.a, _mm256_madd_epi16(_mm256_maddubs_epi16(w.a, b), one)),
+          _mm256_add_epi32(acc.b, _mm256_madd_epi16(_mm256_maddubs_epi16(w.b, b), one))};
+}
+static inline VI vi_add(VI x, VI y) {
+  return {_mm256_add_epi32(x.a, y.a), _mm256_add_epi32(x.b, y.b)};
+}
+static inline V vi_float(VI x) { return {_mm256_cvtepi32_ps(x.a), _mm256_cvtepi32_ps(x.b)}; }
+#define ES_W4_MR 2  // rows per tile of the int4 product (16 registers; impl_w4.h)

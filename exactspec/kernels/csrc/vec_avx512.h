@@ -153,3 +153,29 @@ static inline void vi_out16(const int64_t* t, float sx, const float* scale, floa
   _mm512_mask_storeu_ps(y, m, r);
 }
 typedef __m512i XI;  // 32 int16 activations / weights widened to int16
+
+// ---- the int4-weight x int8-activation product (impl_w4.h) ----
+typedef __m512i QB;  // 64 bytes of packed weights: lane i's 4 bytes, two nibbles each
+static inline QB vq_load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+static inline QB vq_lo(QB w) { return _mm512_and_si512(w, _mm512_set1_epi8(0x0F)); }
+static inline QB vq_hi(QB w) {
+  return _mm512_and_si512(_mm512_srli_epi16(w, 4), _mm512_set1_epi8(0x0F));
+}
+// lane i += sum_b w[4i + b] x[b] (w unsigned 0..15, x four int8 activations): vpdpbusd with
+// the activations' broadcast in its memory operand; without VNNI vpmaddubsw (|pair| <= 3810,
+// no saturation) and vpmaddwd by ones: the same integers
+static inline VI vq_dot(VI acc, QB w, const int8_t* x) {
+#ifdef ES_VNNI
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0"
+          : "+v"(acc.v) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(x)));
+  return acc;
+#else
+  int32_t v;
+  std::memcpy(&v, x, 4);
+  const __m512i p = _mm512_maddubs_epi16(w, _mm512_set1_epi32(v));
+  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(p, _mm512_set1_epi16(1)))};
+#endif
+}
+static inline VI vi_add(VI a, VI b) { return {_mm512_add_epi32(a.v, b.v)}; }
+static inline V vi_float(VI a) { return {_mm512_cvtepi32_ps(a.v)}; }  // exact below 2^24
+#define ES_W4_MR 8  // rows per tile of the int4 product (3 accumulators a row; impl_w4.h)

@@ -97,3 +97,21 @@ static inline void vi_out16(const int64_t* t, float sx, const float* scale, floa
     y[j] = s;
   }
 }
+
+// ---- the int4-weight x int8-activation product (impl_w4.h) ----
+struct QB { uint8_t l[64]; };
+static inline QB vq_load(const uint8_t* p) { QB r; for (int i = 0; i < 64; ++i) r.l[i] = p[i]; return r; }
+static inline QB vq_lo(QB w) { for (int i = 0; i < 64; ++i) w.l[i] &= 0x0F; return w; }
+static inline QB vq_hi(QB w) { for (int i = 0; i < 64; ++i) w.l[i] >>= 4; return w; }
+static inline VI vq_dot(VI acc, QB w, const int8_t* x) {
+  for (int i = 0; i < 16; ++i)
+    for (int b = 0; b < 4; ++b) acc.l[i] += static_cast<int32_t>(w.l[4 * i + b]) * x[b];
+  return acc;
+}
+static inline VI vi_add(VI a, VI b) { for (int i = 0; i < 16; ++i) a.l[i] += b.l[i]; return a; }
+static inline V vi_float(VI a) {
+  float f[16];
+  for (int i = 0; i < 16; ++i) f[i] = static_cast<float>(a.l[i]);
+  return vload(f);
+}
+#define ES_W4_MR 4
