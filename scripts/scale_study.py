@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ALPHAS = ROOT / "docs" / "runs" / "bench_amx" / "bench.json"
 DRAFTS = ("int8", "int4")  # the self-drafts compared (bench words "qdraft <fmt> torch")
-LLAMA_FORMATS = ("bf16", "q8_0")  # llama.cpp's rows of the same weights
+LLAMA_FORMATS = ("bf16", "q8_0")  # llama.cpp's rows of the same weights (--llama-formats)
 MARKER = "scale-study.json"  # written last into a cached model directory
 NOTE = ("Random weights: the random models' own acceptance means nothing and is not reported. "
         "Measured here: plain exactspec and llama.cpp tokens/s, and each self-draft's c (draft "
@@ -117,6 +117,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="token budget of every workload (default: the bench's, capped)")
     p.add_argument("--threads", type=int, default=None, help="torch / llama.cpp threads")
+    p.add_argument("--llama-formats", default=",".join(LLAMA_FORMATS),
+                   help="llama.cpp's GGUF types of the same weights (bench/llama_cpp.py "
+                   "FORMATS, e.g. bf16,q8_0,q4_k; default %(default)s)")
     p.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp's rows")
     args = p.parse_args(argv)
     args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -130,6 +133,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [d for d in args.dtypes if d not in ("bfloat16", "float32")]
     if bad or not args.dtypes:
         p.error(f"--dtypes: {bad or 'none'}; choose among bfloat16, float32")
+    from exactspec.bench.llama_cpp import FORMATS
+
+    args.llama_formats = [f.strip() for f in args.llama_formats.split(",") if f.strip()]
+    bad = [f for f in args.llama_formats if f not in FORMATS]
+    if bad:
+        p.error(f"--llama-formats: unknown {bad}; choose among {', '.join(FORMATS)}")
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     for flag in ("k", "rounds", "max_new_tokens", "threads"):
@@ -214,7 +223,7 @@ def _params(model) -> int:
 
 # --- the bench -----------------------------------------------------------------------------
 
-def engines(k: int, llama: bool) -> list:
+def engines(k: int, llama: list[str]) -> list:
     from exactspec.bench.engine_names import bench_uses
     from exactspec.bench.engines import EngineSpec
     from exactspec.bench.llama_cpp import llama_cpp_engines
@@ -227,7 +236,7 @@ def engines(k: int, llama: bool) -> list:
                          f"{', '.join(known)})")
     out = [EngineSpec("exactspec plain", "exactspec", "none")]
     out += [EngineSpec(f"exactspec {w} K={k}", "exactspec", w, k) for w in words]
-    return out + (llama_cpp_engines(LLAMA_FORMATS) if llama else [])
+    return out + llama_cpp_engines(tuple(llama))
 
 
 MEASURED = ("scale", "params", "dtype", "engine", "family", "draft", "mode", "workload",
@@ -247,7 +256,8 @@ def measure(path: Path, shape: Shape, dtype: str, args) -> tuple[list[dict], dic
                       prompts_per_workload=1, max_new_tokens=args.max_new_tokens, sweep_ks=[],
                       batch_rows=0, block=False, qk=args.k)
     # llama.cpp's rows once per shape: its GGUF of a float32 target holds the same weights
-    llama = not args.no_llama_cpp and (dtype == "bfloat16" or "bfloat16" not in args.dtypes)
+    once = dtype == "bfloat16" or "bfloat16" not in args.dtypes
+    llama = args.llama_formats if once and not args.no_llama_cpp else []
     bench = Bench(target, cfg, engines=engines(args.k, llama),
                   progress=sys.stderr.isatty())
     result = bench.run()
@@ -355,7 +365,8 @@ COLORS = {"exactspec plain": "C0", "llama.cpp bf16": "C1", "llama.cpp q8_0": "C2
           "int8": "C3", "int4": "C4"}  # one color per engine in every panel
 
 
-def plot(path: Path, measured: list[dict], predicted: list[dict], mode: str) -> None:
+def plot(path: Path, measured: list[dict], predicted: list[dict], mode: str,
+         llama: list[str]) -> None:
     """Three panels against parameters (log x; ticks named by scale), in `mode`: tokens/s
     (measured plain and llama.cpp; predicted self-drafts: the median over the real alphas, the
     bars their range), the predicted speedup, and the measured c and w. A second dtype is
@@ -382,11 +393,11 @@ def plot(path: Path, measured: list[dict], predicted: list[dict], mode: str) -> 
         style = "-" if dtype == "bfloat16" else "--"
         m = [r for r in measured if r["dtype"] == dtype and r["mode"] == mode]
         p = [r for r in predicted if r["dtype"] == dtype and r["mode"] == mode]
-        for engine in ("exactspec plain", *(f"llama.cpp {f}" for f in LLAMA_FORMATS)):
+        for engine in ("exactspec plain", *(f"llama.cpp {f}" for f in llama)):
             by = by_params([r for r in m if r["engine"] == engine], "tokens_per_second")
             if by:
                 axes[0].plot(list(by), [statistics.fmean(v) for v in by.values()], style,
-                             marker="o", color=COLORS[engine], label=label(engine, dtype))
+                             marker="o", color=COLORS.get(engine), label=label(engine, dtype))
         for fmt in DRAFTS:
             rows = [r for r in p if r["draft"] == fmt]
             for ax, key in ((axes[0], "predicted_tokens_per_second"),
@@ -472,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                "scales": scales, "left_out": left_out, "measured": measured,
                "predicted": predicted}
     (out / "scale_study.json").write_text(json.dumps(summary, indent=1))
-    plot(out / "scale_study.png", measured, predicted, args.modes[0])
+    plot(out / "scale_study.png", measured, predicted, args.modes[0], args.llama_formats)
     print(NOTE)
     for r in predicted:
         if r["mode"] == args.modes[0]:

@@ -59,6 +59,7 @@ def test_help_shows_the_examples(capsys):
     (["--shapes", "", "--custom", "tiny=64,2"], "NAME=HIDDEN,LAYERS"),
     (["--shapes", ""], "no shape"),
     (["--dtypes", "float16"], "float16"),
+    (["--llama-formats", "bf16,q3_k"], "unknown ['q3_k']"),
 ])
 def test_bad_arguments_are_refused(argv, match, capsys):
     with pytest.raises(SystemExit) as e:
