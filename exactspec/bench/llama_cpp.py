@@ -1,7 +1,8 @@
 """llama.cpp plain decoding as bench engines: the target's own weights, written as GGUF.
 
-`llama.cpp f32`, `llama.cpp bf16`, `llama.cpp q8_0`, `llama.cpp q4_0` and `llama.cpp q4_1` run
-the target's current weights (bf16: rounded to bfloat16, a bf16 target's own weights),
+`llama.cpp f32`, `llama.cpp bf16`, `llama.cpp q8_0`, `llama.cpp q4_0`, `llama.cpp q4_1` and
+`llama.cpp q4_k` run the target's current weights (bf16: rounded to bfloat16, a bf16 target's own
+weights; q4_k: llama.cpp's Q4_K_M mix, made by llama.cpp's own quantizer from a lossless export),
 exported once by `models/gguf_export.py` into the cache directory (the file is named by the same
 weight fingerprint as the quantized self-draft's GGUF, so `qdraft int8` and `llama.cpp q8_0`
 share one file), through llama-cpp-python's low-level API: one `llama_decode` of the prompt,
@@ -11,8 +12,8 @@ Sampling. Greedy: llama.cpp's argmax of its logits (ties to the lowest id, as ou
 llama.cpp's sampler chain in exactspec's order (temperature, top-k, top-p, min-p, then a draw
 with its own generator seeded per run): for `f32` that is exactspec's law up to the float32
 rounding of the logits and the tie rule at the top-p edge, drawn from other random numbers;
-`bf16` of a float32 target, `q8_0`, `q4_0` and `q4_1` are other models (rounded or quantized
-weights): speed rows only, their text is not the target's. The f32 context keeps its KV cache in float32 and turns flash attention off (llama.cpp's
+`bf16` of a float32 target, `q8_0`, `q4_0`, `q4_1` and `q4_k` are other models (rounded or
+quantized weights): speed rows only, their text is not the target's. The f32 context keeps its KV cache in float32 and turns flash attention off (llama.cpp's
 CPU flash attention rounds through float16 even over a float32 cache: logits off by ~4e-3
 instead of ~2e-6 on a tiny model); the others run llama.cpp's defaults (float16 KV cache, flash
 attention auto), what a llama.cpp user gets.
@@ -36,7 +37,7 @@ from exactspec.errors import InvalidValue
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("f32", "bf16", "q8_0", "q4_0", "q4_1")  # the GGUF types of the llama.cpp rows
+FORMATS = ("f32", "bf16", "q8_0", "q4_0", "q4_1", "q4_k")  # the GGUF types of the llama.cpp rows
 GGML_TYPE_F32 = 0  # ggml_type of a float32 KV cache
 FLASH_ATTN_DISABLED = 0  # llama_flash_attn_type: off (its CPU kernel rounds through float16)
 

@@ -147,7 +147,8 @@ def format_report(result: dict, *, markdown: bool = False) -> str:
                  "forward, transformers' nn.Linear weights, the GGUF's tensors). llama.cpp rows: "
                  "plain decoding of the same weights written as GGUF; f32 samples exactspec's "
                  "law up to float32 rounding of the logits (llama.cpp's own sampler and random "
-                 "numbers); q8_0 / q4_1 are quantized models: speed rows only.")
+                 "numbers); bf16 (of a float32 target), q8_0, q4_0, q4_1 and q4_k (llama.cpp's "
+                 "Q4_K_M) are rounded or quantized models: speed rows only.")
     parts.append("split % p/d/t/v/o: prefill / draft / target forward / standardize + verify / "
                  "bookkeeping, shares of wall time. x plain: tok/s over exactspec plain; x hf: "
                  "over the transformers counterpart; acc len: tokens per target forward; alpha: "

@@ -9,9 +9,14 @@ scaling it cannot express, an unknown parameter) is refused (`unsupported` says 
 written approximately: a wrong file would make a silently useless draft.
 
 Weights are stored as F32, BF16 (rounded to bfloat16), Q8_0 (8-bit blocks of 32), Q4_0 (4-bit
-blocks of 32, a scale) or Q4_1
-(4-bit blocks of 32, a scale and a minimum), quantized by the `gguf` package's own reference
-quantizers from the model's current float32 weights; norms and biases stay F32. For llama.cpp's
+blocks of 32, a scale) or Q4_1 (4-bit blocks of 32, a scale and a minimum), quantized by the
+`gguf` package's own reference quantizers from the model's current float32 weights; norms and
+biases stay F32. "q4_k" is llama.cpp's Q4_K_M mix, which the `gguf` package cannot quantize:
+the model is written losslessly first (F32, or BF16 when its matrices are bfloat16) and
+llama.cpp's own quantizer (`llama_model_quantize`, as `llama-quantize ... Q4_K_M`, through
+llama-cpp-python) rewrites it: Q4_K (4-bit super-blocks of 256 values, 6-bit scales and
+minimums per 32) for most matrices, Q6_K for the output head and some attn_v / ffn_down
+layers; a matrix whose rows are not whole super-blocks gets llama.cpp's fallback type. For llama.cpp's
 "llama" architecture the q / k projections are permuted from transformers' rotate-half RoPE
 layout into its interleaved one, as llama.cpp's own converter does (its qwen2 / qwen3 / gemma3
 use rotate-half, like transformers). The vocabulary is written as placeholder strings of one
@@ -31,7 +36,8 @@ import torch
 
 from exactspec.errors import InvalidValue
 
-QUANT_TYPES = ("f32", "bf16", "q8_0", "q4_0", "q4_1")  # what `export_gguf` writes
+QUANT_TYPES = ("f32", "bf16", "q8_0", "q4_0", "q4_1", "q4_k")  # what `export_gguf` writes
+LLAMA_QUANTIZED = {"q4_k": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}  # qtype -> llama.cpp's quantizer ftype
 
 # transformers' per-layer parameter (module path in a decoder layer) -> GGUF tensor, shared
 LAYER_TENSORS = {
@@ -169,6 +175,15 @@ def export_gguf(model, path: str | os.PathLike[str], qtype: str = "q8_0") -> Pat
     if why is not None:
         raise InvalidValue(f"cannot export {type(model).__name__} for llama.cpp: {why}; "
                            "draft it with QuantizedDraft(backend='torch')")
+    if qtype in LLAMA_QUANTIZED:  # lossless first, then llama.cpp's quantizer
+        path = Path(path)
+        bf16 = all(p.dtype == torch.bfloat16 for p in model.parameters() if p.ndim == 2)
+        src = export_gguf(model, path.with_name(path.name + f".src{os.getpid()}"),
+                          "bf16" if bf16 else "f32")
+        try:
+            return llama_quantize(src, path, qtype)
+        finally:
+            src.unlink(missing_ok=True)
     cfg = model.config
     arch = ARCHS[cfg.model_type]
     heads, kv_heads, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, _head_dim(cfg)
@@ -255,5 +270,42 @@ def export_gguf(model, path: str | os.PathLike[str], qtype: str = "q8_0") -> Pat
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    os.replace(tmp, path)
+    return path
+
+
+_LOG_CALLBACK = None  # llama.cpp's log silenced while it quantizes (kept alive: it holds it)
+
+
+def llama_quantize(src: str | os.PathLike[str], path: str | os.PathLike[str], qtype: str,
+                   threads: int | None = None) -> Path:
+    """Rewrite the GGUF `src` (F32 / BF16) as `qtype` (a key of LLAMA_QUANTIZED) at `path`
+    with llama.cpp's own quantizer (llama-cpp-python's `llama_model_quantize`)."""
+    import ctypes
+
+    global _LOG_CALLBACK
+    if qtype not in LLAMA_QUANTIZED:
+        raise InvalidValue(f"qtype={qtype!r}: llama.cpp's quantizer writes "
+                           f"{list(LLAMA_QUANTIZED)} here")
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise InvalidValue(f"the {qtype} GGUF is quantized by llama.cpp, and llama-cpp-python "
+                           f"is not importable ({e}); install it (make llama-cpp) or export "
+                           "q4_0 / q4_1, which need only the gguf package") from e
+    if _LOG_CALLBACK is None:  # it prints every tensor it converts to stderr
+        _LOG_CALLBACK = llama_cpp.llama_log_callback(lambda level, text, data: None)
+        llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, LLAMA_QUANTIZED[qtype])
+    params.nthread = threads or torch.get_num_threads()
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(),
+                                        ctypes.byref(params))
+    if rc != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"llama.cpp's quantizer failed (code {rc}) writing {qtype} from {src}")
     os.replace(tmp, path)
     return path

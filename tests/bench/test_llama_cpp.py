@@ -171,3 +171,24 @@ def test_bandwidth_column_is_bytes_over_time_over_bandwidth(target):
     # exactspec and transformers read the same float32 matrices as the f32 GGUF
     assert rows["exactspec plain"]["weight_bytes"] == rows["llama.cpp f32"]["weight_bytes"]
     assert rows["transformers plain"]["weight_bytes"] == rows["llama.cpp f32"]["weight_bytes"]
+
+
+def test_q4_k_row_generates_and_reads_its_k_quant_bytes():
+    """The q4_k row (llama.cpp's Q4_K_M mix of a 256-wide target: rows in whole super-blocks)
+    runs in the bench's child process and decodes every prompt to its budget (no EOS id), and
+    its bandwidth column counts the k-quant blocks: Q4_K 144 bytes per 256 values, Q6_K 210."""
+    import gguf
+
+    target = tiny_model(0, hidden=256)  # eos None: every row runs to max_new_tokens
+    (q4_k,) = llama_cpp_engines(("q4_k",))
+    runner = Engines(target)
+    run = runner.run(q4_k, PROMPTS, MODES["greedy"], 12, seed=0)
+    assert [len(t) for t in run.texts] == [12] * len(PROMPTS)
+    assert all(0 <= i < target.vocab_size for t in run.texts for i in t)
+    per_256 = {gguf.GGMLQuantizationType.Q4_K: 144, gguf.GGMLQuantizationType.Q6_K: 210}
+    tensors = gguf.GGUFReader(str(gguf_for(target.model, "q4_k"))).tensors
+    mats = [t for t in tensors if len(t.shape) == 2 and t.name != "token_embd.weight"]
+    assert {t.tensor_type for t in mats} <= set(per_256)
+    assert gguf.GGMLQuantizationType.Q4_K in {t.tensor_type for t in mats}
+    want = sum(int(t.n_elements) // 256 * per_256[t.tensor_type] for t in mats)
+    assert runner.weight_bytes(q4_k) == want

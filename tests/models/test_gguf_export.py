@@ -9,6 +9,11 @@ prefix of a 12-token prompt; its logits against transformers':
   0.04-0.09% here. A wrong export misses it by far (a Gemma norm without its + 1, q / k rows
   not permuted for llama.cpp's "llama", a folded attention scale left out: tested below).
 - Q8_0 export: the same argmax at >= 3/4 of the positions (8-bit blocks move near-ties).
+- Q4_K export (llama.cpp's quantizer, Q4_K_M): against the model with the GGUF's own weights
+  dequantized (gguf's reference dequantizer, q / k rows permuted back), logits within 5% of
+  their range (measured 1.8%: llama.cpp rounds activations to 8 bits for k-quant products);
+  the float32 model it was quantized from misses that bound (measured 18%), so the test sees
+  the file's weights, not just a plausible model.
 The real gemma3-270m (slow, skipped when not installed): Q8_0, one short prompt, the same
 argmax at >= 3/4 of its positions and logits within 5% of their range (measured 2.7%).
 """
@@ -91,6 +96,73 @@ def test_bf16_export_computes_the_model_in_bfloat16(model_type, tmp_path):
     got, want = per_position(model, export_gguf(model, tmp_path / "m.gguf", "bf16"), PROMPT)
     assert float((got.argmax(-1) == want.argmax(-1)).float().mean()) >= 0.75
     assert float((got - want).abs().max()) <= 0.05 * float(want.abs().max())
+
+
+def dequantized(model, path):
+    """A copy of the Llama `model` carrying the weights of the GGUF at `path`, dequantized by
+    the gguf package (q / k rows permuted back from llama.cpp's interleaved RoPE pairs)."""
+    import copy
+
+    import gguf
+    import numpy as np
+
+    cfg = model.config
+    names = {v: k for k, v in gguf_export.LAYER_TENSORS.items()}
+    heads = {"self_attn.q_proj": cfg.num_attention_heads,
+             "self_attn.k_proj": cfg.num_key_value_heads}
+    out = copy.deepcopy(model)
+    params = {"token_embd.weight": out.model.embed_tokens.weight,
+              "output.weight": out.lm_head.weight, "output_norm.weight": out.model.norm.weight}
+    with torch.no_grad():
+        for t in gguf.GGUFReader(str(path)).tensors:
+            a = gguf.quants.dequantize(t.data, t.tensor_type)
+            a = a.reshape([int(n) for n in reversed(t.shape)])  # GGUF lists dims innermost first
+            if t.name in params:
+                params[t.name].copy_(torch.from_numpy(np.array(a)))
+                continue
+            _, layer, kind, leaf = t.name.split(".")
+            module = names[kind]
+            if module in heads:  # the inverse of gguf_export._permute
+                n = heads[module]
+                a = a.reshape(n, a.shape[0] // n // 2, 2, *a.shape[1:]).swapaxes(1, 2)
+            w = out.model.layers[int(layer)].get_parameter(f"{module}.{leaf}")
+            w.copy_(torch.from_numpy(np.array(a).reshape(w.shape)))
+    return out
+
+
+def test_q4_k_export_is_llama_cpp_quantized_and_computes_its_weights(tmp_path):
+    """Q4_K: 256 wide, so rows are whole super-blocks of 256; the file holds Q4_K matrices (and
+    Q6_K where llama.cpp's Q4_K_M mix puts them), and llama.cpp computes the model with those
+    weights (module docstring); the float32 model they came from misses the same bound."""
+    import gguf
+
+    model = tiny("llama", 0, vocab=V, hidden_size=256, intermediate_size=512)
+    with torch.no_grad():  # q and k scaled by 3, as exported_tiny
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(3.0)
+            layer.self_attn.k_proj.weight.mul_(3.0)
+    path = export_gguf(model, tmp_path / "m.gguf", "q4_k")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]  # no intermediate left
+    kinds = {t.name: t.tensor_type for t in gguf.GGUFReader(str(path)).tensors}
+    q4k = gguf.GGMLQuantizationType.Q4_K
+    assert all(kinds[f"blk.{i}.{n}.weight"] == q4k for i in range(2)
+               for n in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"))
+    assert {kinds[n] for n in kinds if n.endswith("norm.weight")} == {
+        gguf.GGMLQuantizationType.F32}
+    got, want = per_position(dequantized(model, path), path, PROMPT)
+    assert float((got - want).abs().max()) <= 0.05 * float(want.abs().max())
+    _, far = per_position(model, path, PROMPT)
+    assert float((got - far).abs().max()) > 0.05 * float(far.abs().max())
+
+
+def test_q4_k_export_refuses_without_llama_cpp(tmp_path, monkeypatch):
+    """Without llama-cpp-python the q4_k export is a clear error, and leaves no file."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp -> ImportError
+    with pytest.raises(ValueError, match="llama-cpp-python is not importable"):
+        export_gguf(exported_tiny("llama"), tmp_path / "m.gguf", "q4_k")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(("model_type", "wrong"), [
