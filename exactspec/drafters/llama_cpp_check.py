@@ -33,7 +33,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-QTYPES = ("f32", "q8_0", "q4_0", "q4_1")  # the GGUF types the project runs on llama.cpp
+QTYPES = ("f32", "bf16", "q8_0", "q4_0", "q4_1", "q4_k")  # the GGUF types the project runs
+# on llama.cpp (the bench rows and the GGUF draft)
 BATCHES = (1, 7, 64, 512)  # tokens in one llama_decode
 BACKEND = "exactspec.drafters.llama_cpp_check:LlamaBackend"  # what the child decodes with
 VERDICT = "exactspec-smoke.json"  # beside the library files
