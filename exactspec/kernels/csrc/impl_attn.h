@@ -81,6 +81,13 @@ static void values_tile(const float* const* e, const uint8_t* const* vis, const 
   }
 }
 
+typedef void (*ValuesFn)(const float* const*, const uint8_t* const*, const int64_t*,
+                         const float*, int64_t, int64_t, int64_t, float* const*);
+template <int... G>
+static constexpr auto values_table(std::integer_sequence<int, G...>) {
+  return std::array<ValuesFn, sizeof...(G)>{values_tile<G + 1, ES_ATT_CW>...};
+}
+
 // sum[g] = e[g][0] + e[g][1] + ... over the keys j <= last[g] that query g sees, one add
 // after another in key order, for n <= 8 queries side by side in registers. A key not seen adds
 // +0, which leaves every sum of exponentials (never -0) as it is.
@@ -168,14 +175,16 @@ static void attend_run(int64_t nq, const float* const* qs, const uint8_t* const*
   // the sums, one add after another in key order per query (8 queries' chains side by side)
   for (int64_t i = 0; i < nq; i += 8)
     sums8(nq - i < 8 ? nq - i : 8, e + i, mask + i, last + i, sum + i);
-  // the values: ES_ATT_G queries at a time against ES_ATT_CW chunks of 16 of d
-  int64_t i = 0;
-  for (; i + ES_ATT_G <= nq; i += ES_ATT_G)
+  // the values: up to ES_ATT_G queries at a time (balanced: 3 queries as one group of 3, not
+  // 3 groups of 1 that each read every value again) against ES_ATT_CW chunks of 16 of d
+  static constexpr auto tiles = values_table(std::make_integer_sequence<int, ES_ATT_G>());
+  const int64_t groups = (nq + ES_ATT_G - 1) / ES_ATT_G;
+  for (int64_t g = 0, i = 0; g < groups; ++g) {
+    const int64_t i1 = nq * (g + 1) / groups;
     for (int64_t c0 = 0; c0 < d; c0 += 16 * ES_ATT_CW)
-      values_tile<ES_ATT_G, ES_ATT_CW>(e + i, mask + i, last + i, v, ldk, d, c0, acc + i);
-  for (; i < nq; ++i)
-    for (int64_t c0 = 0; c0 < d; c0 += 16 * ES_ATT_CW)
-      values_tile<1, ES_ATT_CW>(e + i, mask + i, last + i, v, ldk, d, c0, acc + i);
+      tiles[i1 - i - 1](e + i, mask + i, last + i, v, ldk, d, c0, acc + i);
+    i = i1;
+  }
 }
 
 // A query's output from its runs' partials (attend_run), runs in key order: no visible key,
