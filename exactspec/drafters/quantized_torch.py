@@ -16,6 +16,8 @@ head's bytes; q is 0 outside them and the verifier's residual still covers the w
 
 from __future__ import annotations
 
+import torch
+
 from exactspec.drafters.base import DraftContext, TargetInfo
 from exactspec.drafters.draft_model import DraftModel
 from exactspec.drafters.frequent_tokens import kept_tokens
@@ -86,6 +88,8 @@ class TorchBackend(DraftModel):
 
 def _short(value) -> str:
     """A value for an error message: lists and tensors of ids cut short."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
     text = repr(list(value) if isinstance(value, tuple) else value)
     return text if len(text) <= 60 else text[:57] + "..."
 
