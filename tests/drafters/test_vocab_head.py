@@ -229,3 +229,65 @@ def test_bad_vocab_values_are_refused(tmp_path):
 def test_auto_drafts_a_reduced_head_with_torch():
     drafter = QuantizedDraft(8, vocab=[1, 2, 3])
     assert drafter.backend == "torch" and "vocab=<3 ids>" in repr(drafter)
+
+
+# the option on the command line, in batch jobs and in the bench
+
+def _spec(*argv: str):
+    import argparse
+
+    from exactspec.cli.drafter_flags import add_drafter_flags, drafter_spec
+
+    parser = argparse.ArgumentParser()
+    add_drafter_flags(parser)
+    return drafter_spec(parser.parse_args(list(argv)))
+
+
+def test_the_flag_becomes_the_spec_and_the_drafter(tmp_path):
+    from exactspec.drafters.registry import build
+
+    spec = _spec("--quantized-draft", "4", "--draft-vocab", "16384")
+    assert spec.vocab == 16384 and spec.label() == "quantized draft 4-bit (auto), vocab 16384"
+    drafter = build(spec, None)
+    assert (drafter.vocab, drafter.backend, drafter.bits) == (16384, "torch", 4)
+    path = tmp_path / "kept.json"
+    path.write_text("[1, 2, 3]")
+    assert _spec("--quantized-draft", "--draft-vocab", str(path)).vocab == str(path)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--draft-vocab", "100"], "--draft-vocab only applies with --quantized-draft"),
+    (["--prompt-lookup", "--draft-vocab", "100"], "--draft-vocab only applies with"),
+    (["--quantized-draft", "--draft-backend", "llama.cpp", "--draft-vocab", "100"],
+     "--draft-backend llama.cpp runs the whole head; --draft-vocab needs --draft-backend torch"),
+])
+def test_the_flag_is_refused_where_it_would_be_ignored(argv, message):
+    with pytest.raises(ValueError, match=message):
+        _spec(*argv)
+
+
+def test_a_bad_count_is_an_argument_error(capsys):
+    from exactspec.cli import main
+
+    assert main(["generate", "hi", "--quantized-draft", "--draft-vocab", "0"]) == 2
+    assert "--draft-vocab 0: give a number of tokens >= 1" in capsys.readouterr().err
+
+
+def test_a_batch_job_carries_the_option():
+    from exactspec.batch.work import drafter_spec, job_drafter
+
+    spec = _spec("--quantized-draft", "8", "--draft-vocab", "8192")
+    assert drafter_spec(*job_drafter(spec)) == spec
+
+
+def test_the_bench_names_the_reduced_head_engines():
+    from exactspec.bench.engines import Engines, default_engines
+    from exactspec.bench.trees import engine_from_name
+    from exactspec.models.loading import Model
+
+    spec = engine_from_name("qdraft int8 torch vocab=16384 K=6")
+    assert (spec.drafter, spec.k) == ("qdraft int8 torch vocab=16384", 6)
+    assert not any("vocab=" in s.name for s in default_engines())  # named, not by default
+    target = Model(model=tiny_llama(0), tokenizer=None, name="tiny")
+    drafter = Engines(target)._drafter(spec)
+    assert (drafter.vocab, drafter.backend, drafter.bits) == (16384, "torch", 8)
