@@ -97,3 +97,15 @@ def test_text_prompts_need_the_tokenizer_and_use_its_chat_template():
     survey = ft.Survey(prompts=("abc", "hello"), samples=1, max_new_tokens=3)
     kept = ft.frequent_tokens(target, char_tokenizer(), 8, survey=survey, progress=False)
     assert kept.numel() == 8 and 0 in kept.tolist()
+
+
+@pytest.mark.skipif(not kernels.enabled(), reason="batch invariance needs the kernels")
+def test_the_text_does_not_depend_on_how_rows_are_batched():
+    """A random stream per continuation and batch-invariant p: the same tokens whatever the
+    batching; the masses differ only by float64 summation order (tokens x 2^-52 per entry)."""
+    target = tiny_llama(0, eos=0)
+    prompts = [list(p) for p in SURVEY.prompts]
+    one, n1 = ft._survey(target, prompts, ft.Survey(**{**SURVEY.__dict__, "rows": 1}), False)
+    six, n6 = ft._survey(target, prompts, ft.Survey(**{**SURVEY.__dict__, "rows": 6}), False)
+    assert n1 == n6
+    assert float((one - six).abs().max()) <= n1 * 2.0**-52
