@@ -27,7 +27,7 @@ STATS_KEYS = ("steps", "drafted", "accepted", "emitted", "acceptance_rate",
 # Ray workers as (kind, argument[, options]) and are built there, through the one table.
 KINDS = {"quantized": "quantized-draft", "prompt-lookup": "prompt-lookup", "draft": "draft",
          "cross-vocab": "cross-vocab-draft", "eagle": "eagle", "gguf": "gguf-draft"}
-OPTIONS = ("tree", "siblings", "backend", "layers")  # DrafterSpec fields a job may carry
+OPTIONS = ("tree", "siblings", "backend", "layers", "vocab")  # DrafterSpec fields a job may carry
 
 
 def drafter_spec(kind: str, arg: str, options: tuple = ()) -> DrafterSpec:

@@ -32,7 +32,10 @@ class BenchUse:
     default: str | None = None  # the bench's source when the user gives none (a model name)
     reuse: bool = False  # one drafter for every run of an engine (a per-target map built at
     # its first `begin`); False: a fresh one per run, as a user's first call sees it
+    vocab: int | None = None  # a quantized draft's --draft-vocab (its head's kept tokens)
 
+
+VOCABS = (8192, 16384, 32768)  # the reduced heads' sizes the bench can name
 
 # registry name -> the words its engines are named by, in the order they are listed
 BENCH_USES: dict[str, tuple[BenchUse, ...]] = {
@@ -44,7 +47,11 @@ BENCH_USES: dict[str, tuple[BenchUse, ...]] = {
     "quantized-draft": tuple(
         BenchUse(f"qdraft {fmt}{' torch' * on_torch}", bits, "torch" if on_torch else None,
                  "qk", ("K",) if on_torch else ("K", "auto"))
-        for fmt, bits in (("int8", 8), ("int4", 4)) for on_torch in (False, True)),
+        for fmt, bits in (("int8", 8), ("int4", 4)) for on_torch in (False, True))
+    # the reduced head (--draft-vocab N: the target's N most used tokens), torch backend; no
+    # default engines: named, e.g. --engines 'qdraft int8 torch vocab=16384 K=6'
+    + tuple(BenchUse(f"qdraft {fmt} torch vocab={n}", bits, "torch", "qk", (), vocab=n)
+            for fmt, bits in (("int8", 8), ("int4", 4)) for n in VOCABS),
     "suffix": (BenchUse("suffix"),),
 }
 

@@ -198,7 +198,7 @@ class Engines:
         source = use.source if use.source is not None else self.sources.get(name)
         drafter = build(DrafterSpec(name, source, tree=spec.tree,
                                     siblings=spec.siblings if spec.tree is not None else None,
-                                    backend=use.backend), self.target)
+                                    backend=use.backend, vocab=use.vocab), self.target)
         if use.reuse:
             self._reused[spec.name] = drafter
         return drafter

@@ -93,9 +93,20 @@ def _layers_type(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _vocab_type(text: str) -> int | str:
+    """argparse type of --draft-vocab: a number of tokens (>= 1), or a path."""
+    if text.strip().lstrip("-").isdigit():
+        n = int(text)
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"--draft-vocab {text}: give a number of tokens "
+                                             ">= 1, or a JSON file of token ids")
+        return n
+    return text
+
+
 def add_drafter_flags(parser: argparse.ArgumentParser) -> None:
     """Every drafter's flag (at most one of them), and --tree, --siblings, --draft-backend,
-    --draft-layers; `drafter_spec` reads them back."""
+    --draft-layers, --draft-vocab; `drafter_spec` reads them back."""
     group = parser.add_mutually_exclusive_group()
     for name, entry in DRAFTERS.items():
         if entry.flag is None:
@@ -122,6 +133,11 @@ def add_drafter_flags(parser: argparse.ArgumentParser) -> None:
         "--draft-layers", type=_layers_type, default=None, metavar="I,J,..",
         help="--quantized-draft keeps only these target layers (e.g. 0-9,20-29; torch "
         "backend)")
+    parser.add_argument(
+        "--draft-vocab", type=_vocab_type, default=None, metavar="N|FILE",
+        help="--quantized-draft's LM head keeps only N tokens, the ones the target itself "
+        "uses most (found once per model by letting it generate; cached), or the token ids "
+        "of a JSON file; still exact (torch backend, Llama-family targets; e.g. 16384)")
 
 
 def _given(args: argparse.Namespace, dest: str) -> bool:
@@ -157,14 +173,19 @@ def drafter_spec(args: argparse.Namespace) -> DrafterSpec | None:
     if quantized and tree is not None and getattr(args, "draft_backend", None) == "llama.cpp":
         raise InvalidValue("--draft-backend llama.cpp drafts chains only; --tree needs "
                            "--draft-backend torch (or auto, which picks torch for trees)")
-    _refuse(args, {"draft_backend": "--draft-backend", "draft_layers": "--draft-layers"},
-            quantized, "--quantized-draft")
+    _refuse(args, {"draft_backend": "--draft-backend", "draft_layers": "--draft-layers",
+                   "draft_vocab": "--draft-vocab"}, quantized, "--quantized-draft")
+    if (quantized and getattr(args, "draft_vocab", None) is not None
+            and getattr(args, "draft_backend", None) == "llama.cpp"):
+        raise InvalidValue("--draft-backend llama.cpp runs the whole head; --draft-vocab needs "
+                           "--draft-backend torch (or auto, which picks torch for it)")
     if name is None:
         return None
     source = getattr(args, _dest(name))
     return DrafterSpec(name, None if source is True else source, tree,
                        getattr(args, "siblings", None), getattr(args, "draft_backend", None),
-                       getattr(args, "draft_layers", None), getattr(args, "dtype", "float32"))
+                       getattr(args, "draft_layers", None), getattr(args, "dtype", "float32"),
+                       getattr(args, "draft_vocab", None))
 
 
 def drafter_from_args(args: argparse.Namespace,

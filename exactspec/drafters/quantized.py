@@ -4,8 +4,9 @@ Self-speculation needs no training and no second model: at `begin` the drafter b
 target and weight version, then cached) a copy of the target's weights in 8 or 4 bits (or
 bfloat16) and runs it with its own KV cache, on one of two backends:
 - "torch" (`quantized_torch.py`): int8 per output channel, int4 groups or bfloat16 weights
-  through the same lean forward as the target, optionally over a subset of its layers, on the
-  target's own KV cache where it can; a target the lean forward does not run (gemma3, GPT-2, ...)
+  through the same lean forward as the target, optionally over a subset of its layers and with
+  its LM head over the target's frequent tokens only (`vocab`), on the target's own KV cache
+  where it can; a target the lean forward does not run (gemma3, GPT-2, ...)
   is drafted by a quantized copy of its transformers model;
 - "llama.cpp" (`quantized_llama_cpp.py`): the target's weights written as a Q8_0 / Q4_0 GGUF and
   run by llama.cpp (optional package), for the targets the GGUF export covers
@@ -19,6 +20,7 @@ weights' version counters are checked at every `begin`. Measurements: docs/quant
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -33,7 +35,7 @@ from exactspec.drafters.tree_shape import check_tree
 from exactspec.errors import InvalidType, InvalidValue
 from exactspec.models.adapter import unwrap_model
 from exactspec.models.gguf_export import unsupported as gguf_unsupported
-from exactspec.models.lean import LeanLlama
+from exactspec.models.lean import LeanLlama, head_rows_of
 from exactspec.sampling import DraftTree
 
 # the lean self-draft drafts on the target's KV cache of the context (no prefill, no catch-up
@@ -53,7 +55,13 @@ class QuantizedDraft:
     at the first `begin` per target and bits (`drafters/quantized_auto.py`;
     EXACTSPEC_QUANTIZED_BACKEND forces it), else torch; `backend` reads llama.cpp until that
     `begin` then. tree / siblings: token trees as for DraftModel, fixed (3, 2, 1) or
-    DynamicTree(node_budget=16); torch backend only ("auto" then picks torch). A target the
+    DynamicTree(node_budget=16); torch backend only ("auto" then picks torch). vocab: the LM
+    head keeps only these tokens' rows (FR-Spec / VocabTrim; lean forward, torch backend):
+    a number N (the N tokens the target itself uses most, special tokens included: found once
+    per model by letting it generate, then cached on disk; `drafters/frequent_tokens.py`),
+    token ids (a tensor or list) or the path of a JSON list of them; q is 0 outside them and
+    the residual norm(max(p - q, 0)) still covers the whole vocabulary, so the output is
+    exact; None (default): the whole head. A target the
     lean forward does not run (not a Llama architecture) is drafted by a quantized copy of its
     transformers model (torch, all layers); a target the GGUF export refuses (its reason is in
     the error) is drafted by torch ("auto" picks torch for it, "llama.cpp" is refused).
@@ -69,11 +77,16 @@ class QuantizedDraft:
 
     def __init__(self, bits: int = 8, layers: Sequence[int] | None = None, *,
                  group_size: int = 32, backend: str = "auto", tree=None,
-                 siblings: str = "without_replacement") -> None:
+                 siblings: str = "without_replacement", vocab=None) -> None:
         _check_arguments(bits, layers, group_size, backend)
+        vocab = _check_vocab(vocab)
         tree, siblings = check_tree(tree, siblings)
+        if vocab is not None and backend == "llama.cpp":
+            raise InvalidValue(f"backend='llama.cpp' runs the whole head; vocab={vocab!r:.40} "
+                               "needs backend='torch' (or 'auto', which picks torch for it)")
         # where llama.cpp could draft this configuration, if it is installed
-        fits = bits in GGUF_TYPES and layers is None and group_size == 32 and tree is None
+        fits = (bits in GGUF_TYPES and layers is None and group_size == 32 and tree is None
+                and vocab is None)
         _check_backend(backend, fits, tree, bits, layers, group_size)
         self._auto = backend == "auto"  # resolved again at begin per target (quantized_auto)
         if backend == "auto":
@@ -83,7 +96,8 @@ class QuantizedDraft:
         self.fmt = BITS[bits]  # its weight format
         self.layers = None if layers is None else tuple(layers)  # kept decoder layers
         self.group_size = group_size  # int4 group along the input dimension
-        self._torch = TorchBackend(bits, self.layers, group_size, tree, siblings)
+        self.vocab = vocab  # the head's kept tokens (a count, ids, a file); None: all
+        self._torch = TorchBackend(bits, self.layers, group_size, tree, siblings, vocab)
         # the llama.cpp backend where it may draft (explicitly, or "auto" may pick it)
         self._llama_cpp = LlamaCppBackend(bits) if backend == "llama.cpp" else None
 
@@ -100,7 +114,9 @@ class QuantizedDraft:
     def __repr__(self) -> str:
         layers = "" if self.layers is None else f", layers={list(self.layers)}"
         tree = "" if self.tree is None else f", tree={self.tree}, siblings={self.siblings!r}"
-        return f"QuantizedDraft(bits={self.bits}{layers}, backend={self.backend!r}{tree})"
+        vocab = "" if self.vocab is None else f", vocab={_vocab_text(self.vocab)}"
+        return (f"QuantizedDraft(bits={self.bits}{layers}, backend={self.backend!r}{tree}"
+                f"{vocab})")
 
     def __getattr__(self, name: str):
         """An attribute this class lacks: the active backend's (DraftModel's cache state of the
@@ -219,6 +235,33 @@ def _check_arguments(bits, layers, group_size, backend) -> None:
         raise InvalidValue(f"group_size={group_size!r} must be 32, 64, 128 or 256")
     if backend not in BACKENDS:
         raise InvalidValue(f"backend={backend!r} must be one of {list(BACKENDS)}")
+
+
+def _check_vocab(vocab):
+    """QuantizedDraft's `vocab`: None, a count >= 1, a path, or token ids (a tensor or a
+    sequence of ints, kept as a tensor); their range is checked against the target at begin."""
+    if vocab is None or isinstance(vocab, str | os.PathLike):
+        return vocab
+    if isinstance(vocab, bool):
+        raise InvalidType("vocab must be a number of tokens, token ids or a path, not a bool")
+    if isinstance(vocab, int):
+        if vocab < 1:
+            raise InvalidValue(f"vocab={vocab} must be a number of tokens >= 1")
+        return vocab
+    if isinstance(vocab, torch.Tensor | Sequence):
+        try:  # ints >= 0, at least one (their range: at begin)
+            return head_rows_of(vocab, None)
+        except InvalidValue as exc:
+            raise InvalidValue(f"vocab: {exc}") from None
+    raise InvalidType(f"vocab must be a number of tokens, token ids or a path, got "
+                      f"{type(vocab).__name__}")
+
+
+def _vocab_text(vocab) -> str:
+    """How repr and labels show `vocab`: the count, the path, or 'N ids'."""
+    if isinstance(vocab, torch.Tensor):
+        return f"<{vocab.numel()} ids>"
+    return repr(str(vocab)) if isinstance(vocab, os.PathLike) else repr(vocab)
 
 
 def _check_backend(backend: str, fits: bool, tree, bits, layers, group_size) -> None:

@@ -8,12 +8,19 @@ activations), optionally over a subset of its layers. With every layer and the t
 layout it drafts on the target's own KV cache (DraftModel._shared): nothing is prefilled or caught
 up. Any other transformers model is drafted by a copy of it with every linear layer quantized the
 same way (`models/quantize_modules.py`), through transformers' forward, with all its layers.
+
+`vocab` (lean forward only) keeps the LM head's rows of those tokens only (FR-Spec / VocabTrim:
+the target's frequent tokens, `drafters/frequent_tokens.py`), so a draft step reads N / V of the
+head's bytes; q is 0 outside them and the verifier's residual still covers the whole vocabulary.
 """
 
 from __future__ import annotations
 
+import torch
+
 from exactspec.drafters.base import DraftContext, TargetInfo
 from exactspec.drafters.draft_model import DraftModel
+from exactspec.drafters.frequent_tokens import kept_tokens
 from exactspec.drafters.quantized_formats import BITS
 from exactspec.errors import InvalidValue
 from exactspec.models.adapter import TargetAdapter
@@ -30,11 +37,16 @@ class TorchBackend(DraftModel):
     hidden_layers = None  # needs no target features
 
     def __init__(self, bits: int, layers: tuple[int, ...] | None, group_size: int, tree,
-                 siblings: str) -> None:
+                 siblings: str, vocab=None) -> None:
         self.tree, self.siblings = tree, siblings  # checked by QuantizedDraft (check_tree)
         self.fmt = BITS[bits]  # weight format of the copy
         self.layers = layers  # kept decoder layers (None: all)
         self.group_size = group_size  # int4 group along the input dimension
+        # the head's kept tokens: a count (the target's most frequent), ids, a JSON file; None
+        # keeps them all (resolved per target at begin: frequent_tokens.kept_tokens)
+        self.vocab = vocab
+        self.head_rows = None  # [N] long: the kept token ids in use (None: the whole head)
+        self._rows_for = None  # the target model head_rows were resolved for
         self.model = None  # the target's view (vocabulary size, name), set at begin
         self.forward: LeanLlama | None = None  # the quantized lean forward in use (Llama)
         self.copy = None  # the quantized transformers copy in use (other architectures)
@@ -51,21 +63,35 @@ class TorchBackend(DraftModel):
                                f"target has {n_layers} layers)")
         self.model = _TargetView(model, target.vocab_size)
         if not LeanLlama.supports(model):  # the generic path: a quantized transformers copy
-            if self.layers is not None:
-                raise InvalidValue(
-                    f"layers={list(self.layers)} needs the lean forward (a Llama-architecture "
-                    f"target); {type(model).__name__} is drafted by a quantized copy of all "
-                    "its layers: drop layers=")
+            for name, value in (("layers", self.layers), ("vocab", self.vocab)):
+                if value is not None:
+                    raise InvalidValue(
+                        f"{name}={_short(value)} needs the lean forward (a Llama-architecture "
+                        f"target); {type(model).__name__} is drafted by a quantized copy of all "
+                        f"its layers and its whole head: drop {name}=")
             self.forward, self._shared = None, None
             self.copy = quantized_copy_for(model, self.fmt, group_size=self.group_size)
             self._start(TargetAdapter(self.copy, lean=False, strict=False), context)
             return
         self.copy = None
+        if self._rows_for is not model:  # once per target (its weights may change: the kept
+            # tokens then stay, which can lower acceptance, never change the output's law)
+            self.head_rows = (None if self.vocab is None
+                              else kept_tokens(self.vocab, model, target.tokenizer))
+            self._rows_for = model  # the target the kept tokens were resolved for
         self.forward = lean_forward_for(model, self.fmt, layers=self.layers,
-                                        group_size=self.group_size)
+                                        group_size=self.group_size, head_rows=self.head_rows)
         same = share and shares_cache(target.adapter, model, self.layers, self.forward)
         self._shared = target.adapter if same else None
         self._start(TargetAdapter(model, forward=self.forward, strict=False), context)
+
+
+def _short(value) -> str:
+    """A value for an error message: lists and tensors of ids cut short."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    text = repr(list(value) if isinstance(value, tuple) else value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def shares_cache(adapter, model, layers, forward: LeanLlama | None = None) -> bool:

@@ -35,6 +35,9 @@ class DrafterSpec:
     backend: str | None = None  # --draft-backend of a quantized draft; None: "auto"
     layers: tuple[int, ...] | None = None  # target layers a quantized draft keeps; None: all
     dtype: str = "float32"  # weights of a draft model loaded by name
+    # the tokens a quantized draft's LM head keeps: a count (the target's most frequent) or a
+    # JSON file of token ids (--draft-vocab); None: the whole head
+    vocab: int | str | None = None
 
     @property
     def entry(self) -> Entry:
@@ -123,7 +126,7 @@ def _quantized(spec: DrafterSpec, target):
     from exactspec.drafters.quantized import QuantizedDraft
 
     return QuantizedDraft(int(spec.source), layers=spec.layers, backend=spec.backend or "auto",
-                          **_trees(spec))
+                          vocab=spec.vocab, **_trees(spec))
 
 
 def _quantized_supports(model) -> bool:
@@ -150,7 +153,8 @@ DRAFTERS: dict[str, Entry] = {
     "eagle": Entry("--eagle", _eagle, lambda s, d: f"eagle {s.source}", "any", "head"),
     "quantized-draft": Entry(
         "--quantized-draft", _quantized,
-        lambda s, d: f"quantized draft {s.source}-bit ({getattr(d, 'backend', 'auto')})", "any",
+        lambda s, d: (f"quantized draft {s.source}-bit ({getattr(d, 'backend', 'auto')})"
+                      + ("" if s.vocab is None else f", vocab {s.vocab}")), "any",
         "bits", _quantized_supports),
     "gguf-draft": Entry("--gguf-draft", _gguf, lambda s, d: f"gguf draft {d!r}", "none", "gguf"),
     "suffix": Entry(

@@ -4,11 +4,14 @@ architecture of `lean_arch.ARCHS` (Llama / Llama 3, Mistral, Qwen 2 / 2.5, Qwen 
 text), their differences declared there.
 
 The target runs it on its own float32 (or bfloat16) weights; `QuantizedDraft` runs the same
-forward on a weight-only quantized copy of the target, optionally over a subset of its layers.
+forward on a weight-only quantized copy of the target, optionally over a subset of its layers
+and with its LM head restricted to the rows of frequent tokens (`head_rows`: FR-Spec /
+VocabTrim; the other tokens get the logit OFF_HEAD, so their draft probability is 0).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import weakref
 from collections.abc import Sequence
@@ -29,6 +32,12 @@ log = logging.getLogger(__name__)
 
 Masks = torch.Tensor | dict[str, torch.Tensor] | None  # one bool mask, or one per layer kind
 
+# the logit of a token outside a reduced head's rows: finite (probs_from_logits refuses inf),
+# and so far below any real logit that its probability is exactly 0 in float32 after every
+# sampling transform (penalties, bias, temperatures down to ~1e-28 of the logits' spread),
+# as long as some kept token is possible (docs/quantized.md)
+OFF_HEAD = -1e30
+
 
 def _eps(norm) -> float:
     return float(getattr(norm, "variance_epsilon", None) or norm.eps)
@@ -47,8 +56,10 @@ class LeanLlama:
     weight format (see formats.py for the kernel each uses and why); `layers` keeps only
     those decoder layers (layer-skipping self-speculation: a draft, not the target).
     Activations run in the model's own dtype; logits are returned in float32, so p and q are
-    always standardized in float32. In float32 the results agree with transformers' forward
-    to float rounding (tested per architecture).
+    always standardized in float32. `head_rows` ([N] long, sorted, distinct: `head_rows_of`)
+    keeps only those rows of the LM head (a draft's reduced head: its bytes shrink to N / V);
+    the logits are still [.., V], OFF_HEAD outside those rows. In float32 the results agree
+    with transformers' forward to float rounding (tested per architecture).
 
     On the CPU it runs on our own batch-invariant kernels (`exactspec/kernels`) when they are
     built: every product, norm, RoPE, activation and attention output is reduced in a fixed
@@ -59,7 +70,8 @@ class LeanLlama:
     """
 
     def __init__(self, model: PreTrainedModel, fmt: str = "float32", *,
-                 layers: Sequence[int] | None = None, group_size: int = 32) -> None:
+                 layers: Sequence[int] | None = None, group_size: int = 32,
+                 head_rows: torch.Tensor | None = None) -> None:
         if fmt not in FORMATS:
             raise InvalidValue(f"weight format {fmt!r} must be one of {list(FORMATS)}")
         why = refusal(model)
@@ -95,7 +107,13 @@ class LeanLlama:
             for i in self.layer_ids:
                 self.layers.append(self._layer(inner.layers[i], kinds[i]))
             self.norm = (self._norm_weight(inner.norm.weight), _eps(inner.norm))
-            self.head = self._matrix([model.lm_head.weight])
+            head = model.lm_head.weight  # [V, H]
+            self.vocab_size = int(head.shape[0])  # width of the logits
+            # the head's rows kept ([N] long on the model's device; None: all)
+            self.head_rows = None if head_rows is None else head_rows_of(
+                head_rows, self.vocab_size).to(head.device)
+            self.head = self._matrix([head if self.head_rows is None
+                                      else head.index_select(0, self.head_rows)])
         self.sliding = any(x.kind == "sliding_attention" for x in self.layers)  # masks per kind
         self.versions = self._versions(model)
 
@@ -174,6 +192,14 @@ class LeanLlama:
         mats = [m for layer in self.layers for m in layer.matrices]
         return sum(m.nbytes for m in [*mats, self.head])
 
+    def full_logits(self, logits: torch.Tensor) -> torch.Tensor:  # [..., N] -> [..., V]
+        """The head's logits over the whole vocabulary: a reduced head's N columns placed at
+        their token ids, OFF_HEAD elsewhere (copies, exact); the full head's as they are."""
+        if self.head_rows is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), OFF_HEAD)
+        return full.index_copy_(-1, self.head_rows, logits)
+
     def mask_of(self, mask: Masks, kind: str) -> torch.Tensor | None:
         """The [B, 1, T, S] bool mask (or None: all visible) of layers of `kind`."""
         if isinstance(mask, dict):
@@ -244,7 +270,7 @@ class LeanLlama:
             feats = torch.cat([states[j % n_states] for j in hidden_layers], dim=-1)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
-        logits = self.head(norm(x, *self.norm), c).float()  # [B, T', V]
+        logits = self.full_logits(self.head(norm(x, *self.norm), c).float())  # [B, T', V]
         return logits if feats is None else (logits, feats)
 
 
@@ -254,16 +280,46 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
 
 
-# One LeanLlama per (model object, format, layers, group, kinds), rebuilt when its weights change.
+def head_rows_of(rows, vocab_size: int | None) -> torch.Tensor:  # [N] long, sorted, distinct
+    """The rows a reduced head keeps, from token ids (a tensor or a sequence of ints), checked:
+    integers in [0, vocab_size) (None: >= 0, the vocabulary not known yet), at least one;
+    sorted, repeats dropped."""
+    if not isinstance(rows, torch.Tensor):
+        try:
+            rows = torch.tensor(list(rows), dtype=torch.long)
+        except (TypeError, ValueError, RuntimeError):
+            raise InvalidValue(f"head rows must be token ids (ints), got {rows!r:.80}") from None
+    if rows.dtype == torch.bool or rows.is_floating_point() or rows.is_complex():
+        raise InvalidValue(f"head rows must be integer token ids, got a {rows.dtype} tensor")
+    rows = rows.reshape(-1).long()
+    if rows.numel() == 0:
+        raise InvalidValue("a reduced head needs at least one token id; got none")
+    lo, hi = int(rows.min()), int(rows.max())
+    if vocab_size is None and lo < 0:
+        raise InvalidValue(f"head rows must be token ids >= 0, got {lo}")
+    if vocab_size is not None and (lo < 0 or hi >= vocab_size):
+        raise InvalidValue(f"head rows must be token ids in [0, {vocab_size}) (the model's "
+                           f"vocabulary), got ids from {lo} to {hi}")
+    return torch.unique(rows.cpu(), sorted=True)
+
+
+def _rows_key(rows: torch.Tensor) -> str:
+    """A digest of head rows ([N] long, as head_rows_of gives them), for the cache key."""
+    return f"{rows.numel()}:" + hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
+
+
+# One LeanLlama per (model object, format, layers, group, kinds, head rows), rebuilt when its
+# weights change.
 _LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _REFUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> why not lean
 
 
 def lean_forward_for(model: PreTrainedModel, fmt: str | None = None, *,
-                     layers: Sequence[int] | None = None,
-                     group_size: int = 32) -> LeanLlama | None:
+                     layers: Sequence[int] | None = None, group_size: int = 32,
+                     head_rows: torch.Tensor | Sequence[int] | None = None) -> LeanLlama | None:
     """The cached LeanLlama of `model` in weight format `fmt` (default: the model's own dtype,
-    float32 or bfloat16), or None when its architecture is not supported."""
+    float32 or bfloat16), with its head over `head_rows` (None: all), or None when its
+    architecture is not supported."""
     why = refusal(model)
     if why is not None:
         if model not in _REFUSED:
@@ -274,10 +330,13 @@ def lean_forward_for(model: PreTrainedModel, fmt: str | None = None, *,
     if fmt is None:
         fmt = "bfloat16" if next(model.parameters()).dtype == torch.bfloat16 else "float32"
     # the layer kinds too: the masks it takes follow the declared layout (architectures.py)
+    if head_rows is not None:
+        head_rows = head_rows_of(head_rows, int(model.lm_head.weight.shape[0]))
     key = (fmt, None if layers is None else tuple(layers), group_size,
-           tuple(layer_kinds(model.config)))
+           tuple(layer_kinds(model.config)), None if head_rows is None else _rows_key(head_rows))
     per_model = _LEAN.setdefault(model, {})
     lean = per_model.get(key)
     if lean is None or lean.stale():
-        lean = per_model[key] = LeanLlama(model, fmt, layers=layers, group_size=group_size)
+        lean = per_model[key] = LeanLlama(model, fmt, layers=layers, group_size=group_size,
+                                          head_rows=head_rows)
     return lean

@@ -120,7 +120,8 @@ def forward_kernels(lean, tokens: torch.Tensor, positions: torch.Tensor, cache: 
         feats = feats.to(lean.dtype)  # [B, T, F]
     if logits_to_keep:
         x = x.view(b, t, -1)[:, -logits_to_keep:].reshape(-1, x.shape[-1])
-    logits = lean.head.kernel(norm(x, norm_w, norm_eps))  # [B * T', V]
+    # [B * T', V] (a reduced head's N columns placed in the vocabulary: LeanLlama.full_logits)
+    logits = lean.full_logits(lean.head.kernel(norm(x, norm_w, norm_eps)))
     logits = logits.view(b, -1, logits.shape[-1])  # [B, T', V]
     return logits if feats is None else (logits, feats)
 
