@@ -32,6 +32,12 @@ log = logging.getLogger(__name__)
 
 Masks = torch.Tensor | dict[str, torch.Tensor] | None  # one bool mask, or one per layer kind
 
+# the LM head's format where it differs from the layers': an int4 draft keeps its head in int8
+# (as llama.cpp's Q4_K_M keeps it in Q6_K): on smollm2-135m an int4 head took the int4
+# self-draft's acceptance from 0.93 to 0.68 (greedy), for 10 MB of 85 (docs/performance.md,
+# "The int4 kernel")
+HEAD_FORMAT = {"int4": "int8"}
+
 # the logit of a token outside a reduced head's rows: finite (probs_from_logits refuses inf),
 # and so far below any real logit that its probability is exactly 0 in float32 after every
 # sampling transform (penalties, bias, temperatures down to ~1e-28 of the logits' spread),
@@ -113,7 +119,8 @@ class LeanLlama:
             self.head_rows = None if head_rows is None else head_rows_of(
                 head_rows, self.vocab_size).to(head.device)
             self.head = self._matrix([head if self.head_rows is None
-                                      else head.index_select(0, self.head_rows)])
+                                      else head.index_select(0, self.head_rows)],
+                                     HEAD_FORMAT.get(fmt, fmt))
         self.sliding = any(x.kind == "sliding_attention" for x in self.layers)  # masks per kind
         self.versions = self._versions(model)
 
@@ -147,11 +154,12 @@ class LeanLlama:
             norm_mlp_out=(self._norm_weight(layer.post_feedforward_layernorm.weight)
                           if sandwich else None))
 
-    def _matrix(self, parts: list[torch.Tensor]) -> Matrix:
-        if self.fmt == "float32":  # the model's own tensors; fused only in the one-row copy
+    def _matrix(self, parts: list[torch.Tensor], fmt: str | None = None) -> Matrix:
+        fmt = fmt or self.fmt
+        if fmt == "float32":  # the model's own tensors; fused only in the one-row copy
             return Matrix.float32_parts([p.float() for p in parts])
         w = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return make_matrix(w if self.fmt == "bfloat16" else w.float(), self.fmt,
+        return make_matrix(w if fmt == "bfloat16" else w.float(), fmt,
                            group_size=self.group_size, for_kernels=self.kernels)
 
     def _norm_weight(self, w: torch.Tensor) -> torch.Tensor:
