@@ -58,6 +58,9 @@ def draft_step(x: torch.Tensor,  # [B, H] float32: the last layer's output per r
     if not supports(params):
         raise ValueError(f"the native draft step does not standardize {params} (penalties or "
                          "logit bias): use the Python path (DraftContext.standardize)")
+    if not _FAKE and not available():
+        raise RuntimeError("the native draft step needs the exactspec kernels (not built here or "
+                           "turned off): use the Python path")
     weights, scales = head
     greedy = params.is_greedy
     return torch.ops.exactspec.draft_step(
