@@ -215,7 +215,8 @@ class DraftModel:
             feed, last = feed.gather(1, last[:, None]), torch.zeros_like(last)  # [B, 1]
         native = self._native_step(context, k)
         for j in range(k):
-            self._record(torch.where(on[:, None], feed, -1), ad.lengths)
+            if self._shared is None:
+                self._record(torch.where(on[:, None], feed, -1), ad.lengths)
             if native is not None:  # norm, head, q and the draw in one call: the same bits
                 x, q_j = ad.extend(feed, tail=native.tail(j, last))  # [B], [B, V]
                 ad.commit((last + 1) * on)
@@ -228,7 +229,8 @@ class DraftModel:
             drafts[:, j] = x
             qs.append(q_j)
             feed = x[:, None]
-            last = torch.zeros_like(last)
+            if j == 0:
+                last = torch.zeros_like(last)  # one token per row from here on
         want = torch.arange(k, device=dev)[None, :] < num_tokens.to(dev)[:, None]
         return torch.where(want, drafts, -1), torch.stack(qs, 1).float()  # [B, K], [B, K, V]
 
