@@ -119,3 +119,17 @@ def test_laws_reading_more_than_the_logits_are_refused():
         with pytest.raises(ValueError, match="Python path"):
             draft_step.draft_step(x, norm, head, params, uniforms())
     assert all(draft_step.supports(p) for p in LAWS.values())
+
+
+@pytest.mark.parametrize("kind", ["float32", "int8"])
+def test_the_operator_passes_torch_library_opcheck(kind):
+    """Schema, fake implementation and dispatch agree with the CPU kernel."""
+    assert draft_step.available()
+    x, norm, head = make(kind)
+    weights, scales = head
+    for law in ("greedy", "all"):
+        p = LAWS[law]
+        args = (x, norm[0], norm[1], weights, scales, p.temperature, p.top_k, p.top_p, p.min_p,
+                None if p.is_greedy else uniforms())
+        result = torch.library.opcheck(torch.ops.exactspec.draft_step.default, args)
+        assert set(result.values()) == {"SUCCESS"}, (law, result)
