@@ -11,6 +11,7 @@ and each part's share of propose.
 
     python scripts/draft_step_profile.py --mode greedy --mode t1 --tokens 96 --threads 1
     EXACTSPEC_DRAFT_STEP=0 python scripts/draft_step_profile.py ...   # the Python path
+    python scripts/draft_step_profile.py --threads 2 --ab 6   # the two, interleaved
 
 Rough figures for decisions only when other processes share the cores.
 """
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
+import statistics
 import time
 
 import torch
@@ -95,6 +98,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96, help="new tokens per run")
     ap.add_argument("--k", type=int, default=6, help="draft tokens per step")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--ab", type=int, default=0, metavar="ROUNDS",
+                    help="instead of the parts: ROUNDS generations per mode alternating "
+                    "EXACTSPEC_DRAFT_STEP=0 / 1 in this process (the order flipped every "
+                    "round), the median ms per draft token of each")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -106,6 +113,8 @@ def main() -> None:
     drafter = es.QuantizedDraft(bits=8, backend="torch")
     es.generate(model, prompt, drafter=drafter, params=MODES["greedy"], max_new_tokens=16,
                 num_draft_tokens=a.k)  # warm: the copy, the kernels, the governor
+    if a.ab:
+        return ab(model, prompt, drafter, a)
     instrument()
     for mode in a.mode or ["greedy", "t1"]:
         TIMES.clear()
@@ -125,6 +134,25 @@ def main() -> None:
         for k, v in sorted(inner.items(), key=lambda kv: -kv[1]):
             print(f"  {k:45s} {1e3 * v / max(drafted, 1):7.3f} ms/token  "
                   f"{100 * v / max(total, 1e-12):5.1f} %")
+
+
+def ab(model, prompt, drafter, a) -> None:
+    """The Python path against the native step, interleaved: propose's time per draft token."""
+    timed(draft_model.DraftModel, "propose", "propose", outer_only=True)
+    for mode in a.mode or ["greedy", "t1"]:
+        per: dict[str, list[float]] = {"0": [], "1": []}
+        for r in range(a.ab):
+            for flag in ("0", "1") if r % 2 == 0 else ("1", "0"):
+                os.environ["EXACTSPEC_DRAFT_STEP"] = flag
+                TIMES.clear()
+                COUNTS.clear()
+                es.generate(model, prompt, drafter=drafter, params=MODES[mode],
+                            max_new_tokens=a.tokens, num_draft_tokens=a.k)
+                per[flag].append(1e3 * TIMES["propose"] / max(COUNTS["propose"] * a.k, 1))
+        for flag, name in (("0", "Python path"), ("1", "native step")):
+            runs = " ".join(f"{v:.2f}" for v in per[flag])
+            print(f"{mode} {name}: median {statistics.median(per[flag]):.3f} ms per draft "
+                  f"token ({runs})")
 
 
 if __name__ == "__main__":
