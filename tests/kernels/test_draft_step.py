@@ -66,7 +66,7 @@ def uniforms(seed: int = 1) -> torch.Tensor:  # [B] float64
 
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("law", list(LAWS))
-def test_the_native_step_is_the_python_path(kind, law):
+def test_the_native_step_is_the_python_path(isa, kind, law):
     x, norm, head = make(kind)
     params = LAWS[law]
     for seed in range(4):  # several uniforms: draws across the vocabulary
