@@ -152,6 +152,25 @@ class DraftContext:
         own = sample(q, self.streams, domain=DOMAIN_DRAFT + j)  # [B] the other rows' draws
         return torch.where(mask.to(drawn.device), drawn, own)
 
+    def draft_uniforms(self, k: int) -> torch.Tensor:  # [B, K] float64
+        """The uniform `draw` takes at draft positions 0..k-1 when it draws by inverse CDF
+        (column j: DOMAIN_DRAFT + j of the step's streams, or the output position's under
+        `coupled`), all at once: a draw that takes them from here (the native draft step)
+        uses the streams exactly as `draw` does. RowStreams only (counter-based, so computing
+        them early moves nothing)."""
+        if not isinstance(self.streams, RowStreams):
+            raise TypeError("draft_uniforms needs RowStreams (counter-based streams)")
+        mask = self.coupled
+        own = None
+        if mask is not True:
+            own = torch.cat([self.streams.uniform(1, DOMAIN_DRAFT + j) for j in range(k)], 1)
+        if mask is False:
+            return own
+        at = position_uniforms(self.streams, self.output_positions(0, k))  # [B, K]
+        if mask is True:
+            return at
+        return torch.where(mask.to(at.device)[:, None], at, own.to(at.device))
+
     def standardize(self, logits: torch.Tensor,  # [B, V]
                     drafted: torch.Tensor | None = None,  # [B, J] drafts before this position
                     ) -> torch.Tensor:  # [B, V]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -16,9 +18,11 @@ from exactspec.drafters.base import (
 from exactspec.drafters.tree_draft import draft_model_tree
 from exactspec.drafters.tree_shape import check_tree, tree_of
 from exactspec.errors import InvalidValue
+from exactspec.kernels import draft_step
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.loading import as_model
-from exactspec.sampling import DraftTree
+from exactspec.sampling import DraftTree, RowStreams, SamplingParams
+from exactspec.sampling.standardize import law_groups
 
 # how the vocabulary-mismatch errors name the drafter for a model with another tokenizer
 CROSS_VOCAB = ("for a draft with another tokenizer use es.CrossVocabDraft(model), on the "
@@ -29,6 +33,28 @@ CROSS_VOCAB = ("for a draft with another tokenizer use es.CrossVocabDraft(model)
 # (a row admitted unfed catches up its whole context: [B, W, V] logits for W = 1,000 and
 # B = 16 would be 3 GB)
 LONG_CATCH_UP = 16
+
+
+@dataclass(frozen=True)
+class NativeStep:
+    """What the native draft step (kernels/draft_step.py) takes at every position of a
+    propose: the final norm, the head's kernel arguments, the one law and the uniforms."""
+
+    norm: tuple[torch.Tensor, float]  # the final RMSNorm's weight [H] and eps
+    head: tuple[list[torch.Tensor], torch.Tensor | None]  # the head Matrix's kernel_args
+    params: SamplingParams  # every row's law
+    u: torch.Tensor | None  # [K, B] float64: draft position j's uniforms (None: greedy)
+
+    def tail(self, j: int, last: torch.Tensor):  # last [B]: each row's position in the feed
+        """The forward's tail at draft position j: the last layer's output [B * W, H] ->
+        the drawn tokens [B] and their q [B, V]."""
+        def run(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            b = last.shape[0]
+            if x.shape[0] != b:  # several tokens fed per row: each row's last real one
+                x = x.view(b, -1, x.shape[-1])[torch.arange(b, device=x.device), last]
+            return draft_step.draft_step(x, self.norm, self.head, self.params,
+                                         None if self.u is None else self.u[j])
+        return run
 
 
 class DraftModel:
@@ -187,19 +213,46 @@ class DraftModel:
                 ad.extend(feed[:, :-1], logits_to_keep=1)
                 ad.commit(last * on)
             feed, last = feed.gather(1, last[:, None]), torch.zeros_like(last)  # [B, 1]
+        native = self._native_step(context, k)
         for j in range(k):
-            self._record(torch.where(on[:, None], feed, -1), ad.lengths)
-            logits = ad.extend(feed)  # [B, W, V]
-            logits = logits[torch.arange(b, device=dev), last]  # [B, V]
-            ad.commit((last + 1) * on)
-            q_j = context.standardize(logits, drafts[:, :j])  # [B, V], each row's params
-            x = context.draw(q_j, j, greedy=greedy)  # [B]
+            if self._shared is None:
+                self._record(torch.where(on[:, None], feed, -1), ad.lengths)
+            if native is not None:  # norm, head, q and the draw in one call: the same bits
+                x, q_j = ad.extend(feed, tail=native.tail(j, last))  # [B], [B, V]
+                ad.commit((last + 1) * on)
+            else:
+                logits = ad.extend(feed)  # [B, W, V]
+                logits = logits[torch.arange(b, device=dev), last]  # [B, V]
+                ad.commit((last + 1) * on)
+                q_j = context.standardize(logits, drafts[:, :j])  # [B, V], each row's params
+                x = context.draw(q_j, j, greedy=greedy)  # [B]
             drafts[:, j] = x
             qs.append(q_j)
             feed = x[:, None]
-            last = torch.zeros_like(last)
+            if j == 0:
+                last = torch.zeros_like(last)  # one token per row from here on
         want = torch.arange(k, device=dev)[None, :] < num_tokens.to(dev)[:, None]
         return torch.where(want, drafts, -1), torch.stack(qs, 1).float()  # [B, K], [B, K, V]
+
+    def _native_step(self, context: DraftContext, k: int) -> NativeStep | None:
+        """The native draft step for this propose (kernels/draft_step.py), or None for the
+        Python path: it needs a lean forward on our kernels whose head gives the whole
+        vocabulary, one law over the rows that the native step standardizes (no penalties,
+        logit bias or grammar), and counter-based streams; EXACTSPEC_DRAFT_STEP=0 turns it
+        off."""
+        lean = getattr(self._adapter, "lean", None)
+        if (os.environ.get("EXACTSPEC_DRAFT_STEP", "1") == "0" or lean is None
+                or not lean.kernels or context.grammar is not None
+                or not isinstance(context.streams, RowStreams) or not draft_step.available()):
+            return None
+        groups = law_groups(context.rows_params())
+        params = groups[0][0]
+        head = lean.head.kernel_args()
+        if (len(groups) > 1 or groups[0][1] is not None or not draft_step.supports(params)
+                or head is None or lean.head.out_features != self.model.vocab_size):
+            return None
+        u = None if params.is_greedy else context.draft_uniforms(k).t().contiguous()  # [K, B]
+        return NativeStep(lean.norm, head, params, u)
 
     def _propose_rows(self, context: DraftContext, num_tokens: torch.Tensor):  # [B]
         """On the target's cache, few rows drafting (a probe under load): draft over those rows

@@ -8,6 +8,7 @@ run by `make run` / `make test`), registered with torch.library as `torch.ops.ex
 (`set_isa` does it at run time; all three compute the same bits).
 
 ops.py      the Python side: the operators (linear, attention, ...) and the ISA switch
+draft_step.py  a draft step's tail in one call: final norm, head, q, the draw (ops_draft.cpp)
 build.py    compiling `csrc/` for this CPU (`__main__.py`: `python -m exactspec.kernels`)
 csrc/       the C++: ops.cpp (registration, the threads' tasks), ops_layer.cpp (the decoder
             layers in one call), isa.h / impl.h (the fixed reduction order; the products),

@@ -36,7 +36,7 @@ ISA_FLAGS = {  # unit -> its instruction-set flags
 # linked against the libgomp torch already loaded (same soname), so torch.set_num_threads
 # governs our threads as well
 OPS_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
-OPS_SOURCES = ("ops.cpp", "ops_act.cpp", "ops_layer.cpp")  # the torch operators' units
+OPS_SOURCES = ("ops.cpp", "ops_act.cpp", "ops_layer.cpp", "ops_draft.cpp")  # the operators' units
 
 
 def build_dir() -> Path:

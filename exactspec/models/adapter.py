@@ -151,13 +151,15 @@ class TargetAdapter:
         return_hidden: bool = False,
         hidden_layers: tuple[int, ...] | None = None,
         logits_to_keep: int = 0,
+        tail=None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run T tokens per row after each row's committed length; nothing is committed.
 
         Returns logits [B, T, V] float (the last `logits_to_keep` positions if nonzero), and
         with `hidden_layers` (indices into transformers' `hidden_states` tuple) also those
         layers' states concatenated, [B, T, H * len(hidden_layers)]; `return_hidden` is
-        `hidden_layers=(-1,)`, the last layer's.
+        `hidden_layers=(-1,)`, the last layer's. `tail` (a lean forward on the kernels only):
+        what replaces the final norm and head, its result returned (the native draft step).
         """
         if return_hidden and hidden_layers is None:
             hidden_layers = (-1,)
@@ -189,9 +191,11 @@ class TargetAdapter:
                     mask = self.layout.visibility(visible, positions, held)
             with governed(self.lean, b, t):
                 out = self.lean.forward(tokens, positions, self.cache, mask, logits_to_keep,
-                                        hidden_layers, one_row_copy=self.one_row_copy)
+                                        hidden_layers, one_row_copy=self.one_row_copy,
+                                        tail=tail)
             self._last_width = t
             return out
+        assert tail is None, "a tail needs the lean forward"
         out = self.model(
             input_ids=tokens,
             attention_mask=self._mask(positions, view_len),  # slot == position

@@ -219,16 +219,19 @@ class LeanLlama:
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache,
                 mask: Masks, logits_to_keep: int,
-                hidden_layers: tuple[int, ...] | None = None, one_row_copy: bool = True):
+                hidden_layers: tuple[int, ...] | None = None, one_row_copy: bool = True,
+                tail=None):
         """Logits [B, T', V] float32; with `hidden_layers`, also the features transformers'
         `hidden_states` would give at those indices (embeddings, each layer's output, the
         last one after the final norm), concatenated: [B, T, F]. `mask`: [B, 1, T, S] bool
         (True = visible) or None (all), or a dict of them by layer kind (required with
         sliding windows). `one_row_copy`: see `Matrix.__call__` (False: a one-row step does
-        not build the float32 [in, out] copy)."""
+        not build the float32 [in, out] copy). `tail`: on the kernels only, replaces the
+        final norm and head (`forward_kernels`)."""
         if self.kernels:
             return forward_kernels(self, tokens, positions, cache, mask, logits_to_keep,
-                                   hidden_layers)
+                                   hidden_layers, tail)
+        assert tail is None, "a tail needs the kernels"
         c = one_row_copy
         # tokens, positions: [B, T]
         b, t = tokens.shape

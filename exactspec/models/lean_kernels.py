@@ -47,9 +47,12 @@ def rope_rows(lean, positions: torch.Tensor,
 
 
 def forward_kernels(lean, tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache,
-                    mask, logits_to_keep: int, hidden_layers: tuple[int, ...] | None = None):
+                    mask, logits_to_keep: int, hidden_layers: tuple[int, ...] | None = None,
+                    tail=None):
     """`LeanLlama.forward` on the kernels: logits [B, T', V] float32 (and features). `mask`:
-    [B, 1, T, S] bool or None, or a dict of them by layer kind."""
+    [B, 1, T, S] bool or None, or a dict of them by layer kind. `tail`: a function of the
+    last layer's output [B * T, H] whose result is returned instead of the final norm and
+    head (the native draft step, drafters/draft_model.py)."""
     # tokens, positions: [B, T]
     b, t = tokens.shape
     m = b * t
@@ -111,6 +114,9 @@ def forward_kernels(lean, tokens: torch.Tensor, positions: torch.Tensor, cache: 
             x = layer.down.kernel(g, residual=x)
         else:
             x = x + norm(layer.down.kernel(g), layer.norm_mlp_out, eps)
+    if tail is not None:
+        assert want is None, "a tail replaces the head: no features"
+        return tail(x)
     norm_w, norm_eps = lean.norm
     feats = None
     if want is not None:

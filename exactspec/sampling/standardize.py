@@ -15,6 +15,11 @@ Order of the transforms (the same as transformers / vLLM):
   8. top-p: keep the most likely tokens until their mass reaches top_p (ties at the edge kept)
   9. min-p: keep tokens with probability >= min_p * max probability
  10. renormalise
+
+Steps 4-10 have a native twin for the draft step (exactspec/kernels/csrc/ops_draft.cpp: the
+same ATen operators where the bits depend on a reduction order); tests/kernels/
+test_draft_step.py holds the two equal bit for bit, so a change here fails there until the
+twin follows.
 """
 
 from __future__ import annotations
