@@ -1,4 +1,4 @@
-"""Where a draft token's time goes: the int8 self-draft (QuantizedDraft(bits=8, backend="torch"))
+"""Where a draft token's time goes: the quantized self-draft (QuantizedDraft(bits=8 or 4, backend="torch"))
 drafting for a float32 target, one row, by wrapping the calls of `DraftModel.propose` with
 perf_counter accumulators.
 
@@ -98,6 +98,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96, help="new tokens per run")
     ap.add_argument("--k", type=int, default=6, help="draft tokens per step")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--bits", type=int, choices=(8, 4), default=8, help="the draft's weights")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="the target's weights")
     ap.add_argument("--ab", type=int, default=0, metavar="ROUNDS",
                     help="instead of the parts: ROUNDS generations per mode alternating "
                     "EXACTSPEC_DRAFT_STEP=0 / 1 in this process (the order flipped every "
@@ -105,12 +108,12 @@ def main() -> None:
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    model = es.load(a.model)
+    model = es.load(a.model, dtype=a.dtype)
     text = "Explain in a few sentences why the sky is blue, then give one example."
     ids = model.tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                               add_generation_prompt=True, tokenize=True)
     prompt = [list(ids["input_ids"] if hasattr(ids, "keys") else ids)]
-    drafter = es.QuantizedDraft(bits=8, backend="torch")
+    drafter = es.QuantizedDraft(bits=a.bits, backend="torch")
     es.generate(model, prompt, drafter=drafter, params=MODES["greedy"], max_new_tokens=16,
                 num_draft_tokens=a.k)  # warm: the copy, the kernels, the governor
     if a.ab:

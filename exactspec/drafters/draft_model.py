@@ -44,6 +44,8 @@ class NativeStep:
     head: tuple[list[torch.Tensor], torch.Tensor | None]  # the head Matrix's kernel_args
     params: SamplingParams  # every row's law
     u: torch.Tensor | None  # [K, B] float64: draft position j's uniforms (None: greedy)
+    head_rows: torch.Tensor | None = None  # a reduced head's token ids (lean.head_rows)
+    vocab_size: int = 0  # the vocabulary q spans
 
     def tail(self, j: int, last: torch.Tensor):  # last [B]: each row's position in the feed
         """The forward's tail at draft position j: the last layer's output [B * W, H] ->
@@ -53,7 +55,8 @@ class NativeStep:
             if x.shape[0] != b:  # several tokens fed per row: each row's last real one
                 x = x.view(b, -1, x.shape[-1])[torch.arange(b, device=x.device), last]
             return draft_step.draft_step(x, self.norm, self.head, self.params,
-                                         None if self.u is None else self.u[j])
+                                         None if self.u is None else self.u[j],
+                                         self.head_rows, self.vocab_size)
         return run
 
 
@@ -237,7 +240,7 @@ class DraftModel:
     def _native_step(self, context: DraftContext, k: int) -> NativeStep | None:
         """The native draft step for this propose (kernels/draft_step.py), or None for the
         Python path: it needs a lean forward on our kernels whose head gives the whole
-        vocabulary, one law over the rows that the native step standardizes (no penalties,
+        vocabulary (a reduced head's logits placed in it), one law over the rows that the native step standardizes (no penalties,
         logit bias or grammar), and counter-based streams; EXACTSPEC_DRAFT_STEP=0 turns it
         off."""
         lean = getattr(self._adapter, "lean", None)
@@ -249,10 +252,10 @@ class DraftModel:
         params = groups[0][0]
         head = lean.head.kernel_args()
         if (len(groups) > 1 or groups[0][1] is not None or not draft_step.supports(params)
-                or head is None or lean.head.out_features != self.model.vocab_size):
+                or head is None or lean.vocab_size != self.model.vocab_size):
             return None
         u = None if params.is_greedy else context.draft_uniforms(k).t().contiguous()  # [K, B]
-        return NativeStep(lean.norm, head, params, u)
+        return NativeStep(lean.norm, head, params, u, lean.head_rows, lean.vocab_size)
 
     def _propose_rows(self, context: DraftContext, num_tokens: torch.Tensor):  # [B]
         """On the target's cache, few rows drafting (a probe under load): draft over those rows

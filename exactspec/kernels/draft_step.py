@@ -24,10 +24,13 @@ def _register_fake() -> None:
         return
 
     @torch.library.register_fake("exactspec::draft_step")
-    def _draft_step(x, norm_w, eps, head, head_scales, temperature, top_k, top_p, min_p, u):
+    def _draft_step(x, norm_w, eps, head, head_scales, temperature, top_k, top_p, min_p, u,
+                    head_rows=None, vocab_size=0):
         vocab = head[0].shape[0] if head[0].dim() == 2 else head_scales.shape[0]
         if len(head) > 1:
             vocab = sum(w.shape[0] for w in head)
+        if head_rows is not None:
+            vocab = vocab_size
         return (x.new_empty(x.shape[0], dtype=torch.long), x.new_empty(x.shape[0], vocab))
 
     _FAKE.append(True)
@@ -52,9 +55,13 @@ def draft_step(x: torch.Tensor,  # [B, H] float32: the last layer's output per r
                head: tuple[list[torch.Tensor], torch.Tensor | None],  # Matrix.kernel_args()
                params: SamplingParams,
                u: torch.Tensor | None,  # [B] float64: the draw's uniforms (None: greedy)
+               head_rows: torch.Tensor | None = None,  # [N] long: a reduced head's token ids
+               vocab_size: int = 0,  # the vocabulary those ids lie in (with head_rows)
                ) -> tuple[torch.Tensor, torch.Tensor]:  # [B] long tokens, [B, V] float32 q
     """norm, head product, `probs_from_logits(logits, params)` and the inverse-CDF draw with
-    u, in one call; greedy params give the one-hot q and its index (u unused)."""
+    u, in one call; greedy params give the one-hot q and its index (u unused). A reduced
+    head's logits are placed at `head_rows` with OFF_HEAD elsewhere first, as
+    `LeanLlama.full_logits` does."""
     if not supports(params):
         raise ValueError(f"the native draft step does not standardize {params} (penalties or "
                          "logit bias): use the Python path (DraftContext.standardize)")
@@ -65,4 +72,5 @@ def draft_step(x: torch.Tensor,  # [B, H] float32: the last layer's output per r
     greedy = params.is_greedy
     return torch.ops.exactspec.draft_step(
         x, norm[0], float(norm[1]), weights, scales, 0.0 if greedy else float(params.temperature),
-        int(params.top_k), float(params.top_p), float(params.min_p), None if greedy else u)
+        int(params.top_k), float(params.top_p), float(params.min_p), None if greedy else u,
+        head_rows, int(vocab_size))

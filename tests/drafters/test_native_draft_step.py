@@ -143,6 +143,28 @@ def test_greedy_equals_plain(calls, draft_lm, drafter):
     assert [g.token_ids for g in out] == [g.token_ids for g in plain]
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("law", ["greedy", "t1", "filtered"])
+def test_a_reduced_head_on_the_native_step_is_the_python_path(monkeypatch, calls, bits, law):
+    """QuantizedDraft(vocab=ids): the native step places the reduced head's logits in the
+    vocabulary as LeanLlama.full_logits does; generate's tokens and log p with the native
+    step equal the Python path's, bit for bit."""
+    target = tiny_llama(0, vocab=VOCAB, head_scale=3.0)
+    params = LAWS[law] if law in LAWS else SamplingParams(temperature=0)
+    prompts = [[1, 2, 3], [7, 8, 9, 10, 11]]
+    keep = list(range(0, VOCAB, 3))  # a third of the vocabulary
+    out = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("EXACTSPEC_DRAFT_STEP", flag)
+        gens = generate(target, prompts, drafter=QuantizedDraft(bits, backend="torch", vocab=keep),
+                        params=params, max_new_tokens=24, num_draft_tokens=4,
+                        return_logprobs=True)
+        out[flag] = [(g.token_ids, g.logprobs) for g in gens]
+        if flag == "1":
+            assert calls  # drafted on the native step
+    assert out["1"] == out["0"]
+
+
 def test_generate_matches_the_target(models, calls):  # noqa: F811
     counts, accepted = _counts(models, QuantizedDraft(8, backend="torch"), FILTERED, "token",
                                seed=5)
@@ -159,9 +181,9 @@ def test_a_native_step_that_skips_the_temperature_is_caught(models, monkeypatch)
     real = draft_step.draft_step
     seen = []
 
-    def hot(x, norm, head, params, u):
+    def hot(x, norm, head, params, u, *reduced):
         seen.append(1)
-        tokens, q1 = real(x, norm, head, replace(params, temperature=1.0), u)
+        tokens, q1 = real(x, norm, head, replace(params, temperature=1.0), u, *reduced)
         claimed = q1.double() ** (1.0 / params.temperature)
         return tokens, (claimed / claimed.sum(-1, keepdim=True)).float()
 

@@ -67,13 +67,16 @@ at::Tensor top_p_threshold(const at::Tensor& probs, double top_p) {  // [N, V] -
 // and eps: the final RMSNorm; head / head_scales: the head Matrix's kernel_args (as `product`
 // takes them). temperature 0: greedy (q one-hot at the first argmax, the token its index);
 // else temperature, top_k (0 = off), top_p (1 = off), min_p (0 = off) as SamplingParams
-// defines them, and u [B] float64: each row's uniform for this draft position. Returns the
-// tokens [B] int64 and q [B, V] float32.
+// defines them, and u [B] float64: each row's uniform for this draft position; head_rows: a
+// reduced head's token ids ([N] int64, the head's rows) in a vocabulary of vocab_size. Returns
+// the tokens [B] int64 and q [B, V] float32.
 std::tuple<at::Tensor, at::Tensor> draft_step(const at::Tensor& x, const at::Tensor& norm_w,
                                               double eps, at::TensorList head,
                                               const c10::optional<at::Tensor>& head_scales,
                                               double temperature, int64_t top_k, double top_p,
-                                              double min_p, const c10::optional<at::Tensor>& u) {
+                                              double min_p, const c10::optional<at::Tensor>& u,
+                                              const c10::optional<at::Tensor>& head_rows,
+                                              int64_t vocab_size) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2,
               "draft_step: x must be a float32 CPU [B, H] tensor, got ", x.scalar_type(), " ",
               x.sizes());
@@ -82,8 +85,18 @@ std::tuple<at::Tensor, at::Tensor> draft_step(const at::Tensor& x, const at::Ten
               "draft_step: sampling settings out of range (temperature ", temperature,
               ", top_k ", top_k, ", top_p ", top_p, ", min_p ", min_p, ")");
   const c10::optional<at::Tensor> none;
-  const at::Tensor logits = product(rms_norm(x, norm_w, eps), head, head_scales, none)
-                                .contiguous();  // [B, V]
+  at::Tensor logits = product(rms_norm(x, norm_w, eps), head, head_scales, none)
+                          .contiguous();  // [B, V], or [B, N] of a reduced head
+  if (head_rows.has_value()) {  // a reduced head's N logits at their ids, OFF_HEAD elsewhere
+    TORCH_CHECK(head_rows->scalar_type() == at::kLong && head_rows->dim() == 1 &&
+                    head_rows->size(0) == logits.size(1) && vocab_size >= logits.size(1),
+                "draft_step: head_rows must be the [", logits.size(1), "] int64 ids of the "
+                "head's rows in a vocabulary of vocab_size, got ", head_rows->sizes(), " and ",
+                vocab_size);
+    // (models/lean.py full_logits: the same constant, the same copy)
+    logits = at::full({logits.size(0), vocab_size}, -1e30, logits.options())
+                 .index_copy_(1, *head_rows, logits);
+  }
   const int64_t b = logits.size(0), vocab = logits.size(1);
   TORCH_CHECK(vocab > 0, "draft_step: the head has no outputs");
   check_finite(logits);
@@ -154,7 +167,8 @@ std::tuple<at::Tensor, at::Tensor> draft_step(const at::Tensor& x, const at::Ten
 TORCH_LIBRARY_FRAGMENT(exactspec, m) {
   m.def(
       "draft_step(Tensor x, Tensor norm_w, float eps, Tensor[] head, Tensor? head_scales, "
-      "float temperature, int top_k, float top_p, float min_p, Tensor? u) -> (Tensor, Tensor)");
+      "float temperature, int top_k, float top_p, float min_p, Tensor? u, Tensor? head_rows=None, "
+      "int vocab_size=0) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(exactspec, CPU, m) {
