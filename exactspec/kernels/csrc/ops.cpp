@@ -402,10 +402,14 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   // with many (prefill), a task does its runs in turn. Work items come from a shared counter,
   // the latest positions first, so a thread that falls behind (a busy core) takes fewer.
   const int threads = at::get_num_threads();
+  // threads only from ~1k keys of a decode step's 9 heads: below that a second thread saved
+  // nothing (docs/performance.md, "The int4 kernel")
+  const bool parallel = threads > 1 && B * T * H * S * d >= 8 * kParallelWork;
   const int64_t tb = std::max<int64_t>(1, std::min<int64_t>(T, 24 / rep));
   const int64_t tblocks = (T + tb - 1) / tb;
   const bool in_l2 = 2 * S * d * static_cast<int64_t>(sizeof(float)) <= (int64_t{256} << 10);
-  const int64_t hsplit = ((B * KV * tblocks < 2 * threads && in_l2) || rep > 24) ? rep : 1;
+  const int64_t hsplit =
+      ((parallel && B * KV * tblocks < 2 * threads && in_l2) || rep > 24) ? rep : 1;
   const int64_t hper = rep / hsplit, nqmax = tb * hper;
   const int64_t tasks = B * KV * hsplit * tblocks;
   const bool by_run = runs_max > 1 && tasks < 4 * threads;
@@ -464,7 +468,6 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       kern.attend_finish(runs, top, sum, acc, d, op + (bt[q] * H + hs[q]) * d);
     }
   };
-  const bool parallel = threads > 1 && B * T * H * S * d >= kParallelWork / 16;
   auto workers = [&](auto body) {
     if (parallel) at::parallel_for(0, threads, 1, [&](int64_t, int64_t) { body(); });
     else body();
