@@ -56,7 +56,7 @@ kernels: | $(STAMP)
 # with both speeds and the acceptance. 8 bits, not 4: on smollm2-135m Q8_0 drafts keep 4.4-6.4
 # tokens a step, Q4_0 2.3-2.6 (README, Performance).
 RUN_PROMPT ?= Write a short story about a lighthouse keeper who finds a message in a bottle.
-RUN_DRAFTER ?= --quantized-draft 8
+RUN_DRAFTER ?= --quantized-draft 4
 run: $(STAMP) $(KERNELS_STAMP)
 	$(VENV)/bin/exactspec generate '$(RUN_PROMPT)' $(RUN_DRAFTER) --temperature 0.7 --top-p 0.9 \
 		--seed 0 --max-new-tokens 160 --num-draft-tokens auto --compare-plain

@@ -16,6 +16,7 @@ from exactspec.engine.policy import DraftLengthPolicy
 from exactspec.engine.rows import Row, RowBatch
 from exactspec.engine.tree_step import tree_step
 from exactspec.engine.verifier import Verifier
+from exactspec.kernels.threads import sampling_threads
 from exactspec.models.adapter import TargetAdapter
 from exactspec.sampling.history import history, prefix_history
 from exactspec.sampling.standardize import probs_from_logits_rows
@@ -44,16 +45,18 @@ def decode_step(batch: RowBatch, target: TargetAdapter, draft: DraftSide, verifi
                         hidden_layers=draft.layers)
     logits, feats = out if draft.layers is not None else (out, None)  # [B, K+1, V], [B, K+1, F]
     target_s = clock.lap()
-    # 3. standardize: p at every position, each row with its own params and history
-    p = target_probs(batch, logits, drafts)  # [B, K+1, V]
-    # 4. verify
-    if q is not None and k > 0 and draft.q_fails(batch, p, drafts, q):
-        # a user drafter's q failed its check: the step keeps only the token after the
-        # context (p at position 0 does not depend on the drafts), drawn as in plain decoding
-        drafts, q, p, logits, k = drafts[:, :0], q[:, :0], p[:, :1], logits[:, :1], 0
-        num_real = torch.zeros_like(num_real)
-        feats = feats[:, :1] if feats is not None else None
-    verdict = verifier.verdict(p, drafts, q, batch)
+    with sampling_threads(logits.numel()):
+        # 3. standardize: p at every position, each row with its own params and history
+        p = target_probs(batch, logits, drafts)  # [B, K+1, V]
+        # 4. verify
+        if q is not None and k > 0 and draft.q_fails(batch, p, drafts, q):
+            # a user drafter's q failed its check: the step keeps only the token after the
+            # context (p at position 0 does not depend on the drafts), drawn as in plain
+            # decoding
+            drafts, q, p, logits, k = drafts[:, :0], q[:, :0], p[:, :1], logits[:, :1], 0
+            num_real = torch.zeros_like(num_real)
+            feats = feats[:, :1] if feats is not None else None
+        verdict = verifier.verdict(p, drafts, q, batch)
     batch.streams.advance()
     n = verdict.num_accepted.to(target.device)  # [B]
     verify_s = clock.lap()

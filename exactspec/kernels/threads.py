@@ -40,6 +40,7 @@ WARM = 2  # forwards of a kind at torch's count before another count is tried
 FIRST_WAIT, MAX_WAIT = 32, 512  # forwards between re-measures of the counts not in use
 BUDGET = 0.03  # the most of a run's time the re-measures of dearer counts may take
 SMOOTH = 0.3  # weight of a new measurement of the count in use (the others: replaced)
+DEAR = 3.0  # a count another kind found this many times its best is tried late by a new kind
 
 
 def candidates(most: int) -> list[int]:
@@ -73,17 +74,36 @@ class Governor:
         self.clock = clock
         self.kinds: dict[tuple, _Kind] = {}
         self._lock = threading.Lock()
+        # what the latest kind with every count measured found: its best count and each
+        # count's cost over the best's (a new kind starts from it: a core taken shows in every
+        # kind alike, and 2 threads with a core taken cost 10-70x a forward)
+        self.prior: tuple[int, dict[int, float]] | None = None
+
+    def _start(self, most: int) -> int:
+        """The count a new kind's first forwards run at: the latest measured kind's best (the
+        user's count before any)."""
+        if self.prior is None or self.prior[0] not in candidates(most):
+            return most
+        return self.prior[0]
+
+    def _dear(self, n: int, kind: _Kind) -> bool:
+        """Whether measuring count n for a young kind waits: another kind found it more than
+        DEAR times its best (measured once the kind has run FIRST_WAIT forwards)."""
+        return (self.prior is not None and self.prior[1].get(n, 1.0) > DEAR
+                and kind.seen < FIRST_WAIT)
 
     def choose(self, key: tuple, most: int) -> int:
         """The count to run a forward of kind `key` with, under `most` threads."""
         with self._lock:
             kind = self.kinds.setdefault(key, _Kind())
             counts = candidates(most)
-            if kind.seen < WARM:  # the first forwards (lazy set-up) at the user's count
-                return most
-            for n in counts:  # then every other count measured once
-                if n not in kind.cost:
+            if kind.seen < WARM:  # the first forwards (lazy set-up) at the prior's count
+                return self._start(most)
+            for n in counts:  # then every other count measured once (a dear one later)
+                if n not in kind.cost and not self._dear(n, kind):
                     return n
+            if not all(n in kind.cost for n in counts):  # a dear count not measured yet
+                return min(kind.cost, key=kind.cost.__getitem__)
             best = kind.best if kind.best in counts else min(counts, key=kind.cost.__getitem__)
             stale = [n for n in counts if n != best and kind.age.get(n, 0) >= self.wait(kind, n, best)]
             return stale[0] if stale else best
@@ -112,6 +132,9 @@ class Governor:
             kind.age[threads] = 0
             counts = [n for n in candidates(most) if n in kind.cost]
             kind.best = min(counts, key=kind.cost.__getitem__)
+            if len(counts) == len(candidates(most)) and kind.seen > WARM:
+                best = kind.cost[kind.best]
+                self.prior = (kind.best, {n: kind.cost[n] / max(best, 1e-12) for n in counts})
             if measured and kind.best != before:  # the choice changed: watch closely again
                 kind.wait = FIRST_WAIT
             elif measured and threads != before:  # a re-measure confirmed it: wait longer
@@ -140,3 +163,26 @@ class Governor:
 
 
 GOVERNOR = Governor()  # the process's: one machine, one set of measurements
+
+
+SMALL_SAMPLING = 1 << 22  # elements of p up to which standardizing and verifying run on 1 thread
+
+
+@contextlib.contextmanager
+def sampling_threads(numel: int) -> Iterator[None]:
+    """Standardize and verify (torch's operators on [B, K+1, V]) on one thread when p has at
+    most SMALL_SAMPLING elements (a step of up to ~85 rows x 49k tokens): a second thread saves
+    nothing on so little work, and on a busy machine its waits cost a step 17% (plain decoding,
+    one of two cores taken: docs/performance.md); and a reduction then never depends on the
+    user's thread count, so p's bits do not either (for the same shapes). Larger p runs at the
+    user's count."""
+    most = torch.get_num_threads()
+    if most <= 1 or numel > SMALL_SAMPLING:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(most)
+

@@ -22,12 +22,13 @@ def threads_restored():
     torch.set_num_threads(n)
 
 
-def _feed(gov: Governor, cost: dict[int, float], forwards: int, most: int = 2) -> list[int]:
+def _feed(gov: Governor, cost: dict[int, float], forwards: int, most: int = 2,
+          key: tuple = KEY) -> list[int]:
     """Run `forwards` forwards whose seconds per count are `cost`; the counts chosen."""
     chosen = []
     for _ in range(forwards):
-        n = gov.choose(KEY, most)
-        gov.record(KEY, most, n, cost[n])
+        n = gov.choose(key, most)
+        gov.record(key, most, n, cost[n])
         chosen.append(n)
     return chosen
 
@@ -51,6 +52,20 @@ def test_a_busy_core_is_given_up_within_a_few_forwards_and_taken_back_when_it_fr
     assert chosen[-4:] == [1, 1, 1, 1], chosen  # the smoothed cost of 2 passed 1's in a few
     back = _feed(gov, idle, MAX_WAIT + 2)
     assert back[-20:].count(2) >= 19, back  # re-measured within MAX_WAIT forwards, then kept
+
+
+def test_a_new_kind_starts_from_what_the_measured_ones_found():
+    """With a core taken (2 threads 20x dearer), a kind seen later runs at 1 thread from its
+    first forward and tries 2 threads only after FIRST_WAIT forwards; on an idle machine (2
+    threads the cheaper, by less than DEAR) a new kind still measures 1 thread once."""
+    gov = Governor()
+    busy = {2: 20.0, 1: 1.0}
+    _feed(gov, busy, WARM + 2)
+    later = _feed(gov, {2: 8.0, 1: 0.4}, FIRST_WAIT + 2, key=("g", 1, 8))
+    assert later[:FIRST_WAIT] == [1] * FIRST_WAIT and 2 in later[FIRST_WAIT:], later
+    idle = Governor()
+    _feed(idle, {2: 1.0, 1: 1.8}, WARM + 2)
+    assert _feed(idle, {2: 1.0, 1: 1.8}, WARM + 2, key=("g", 1, 8)) == [2] * WARM + [1, 2]
 
 
 def test_the_re_measure_interval_doubles_while_it_confirms_and_resets_on_a_change():
