@@ -32,7 +32,7 @@ int8pack takes 13.5 ms and int4pack 27.6 ms, so the packed kernels always get bf
 Thirty layers of SmolLM2 matrices (weights not in cache, float32): one row 25.8 ms through the
 [in, out] copy against 34.1 ms through W @ x^T on [out, in]; 2 / 3 / 5 / 7 rows 43 / 50 / 67 /
 51 ms through [in, out] against 26 / 29 / 41 / 45 ms through W @ x^T (`/tmp`-free reproduction:
-`python -m exactspec.bench.kernels`).
+`python -m exactspec.bench.products`).
 """
 
 from __future__ import annotations
