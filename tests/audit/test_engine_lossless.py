@@ -179,9 +179,10 @@ def test_a_wrong_drafter_in_the_engine_is_caught(models):
     """The temperature-mismatch pitfall through a real drafter: caught end to end."""
     _hot_drafter_is_caught(models, models[3], DraftModel(models[1]), seed=7)
 
-def lean_logits(model, fmt: str, layers=None):
-    """forward(ids [N, T]) -> logits [N, T, V] of `model`'s lean forward in weight format `fmt`."""
-    lean = lean_forward_for(model, fmt, layers=layers)
+def lean_logits(model, fmt: str, layers=None, rows=None):
+    """forward(ids [N, T]) -> logits [N, T, V] of `model`'s lean forward in weight format `fmt`
+    (over `layers`, with its head over `rows`; None: all)."""
+    lean = lean_forward_for(model, fmt, layers=layers, head_rows=rows)
 
     def forward(ids: torch.Tensor) -> torch.Tensor:
         ad = TargetAdapter(model, forward=lean)

@@ -25,7 +25,6 @@ from exactspec.audit.stats import chi_square
 from exactspec.audit.world import logits_table, model_world
 from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.engine import generate
-from exactspec.models.adapter import TargetAdapter
 from exactspec.models.lean import OFF_HEAD, lean_forward_for
 from exactspec.sampling import AcceptanceLaw
 from tests.audit.test_engine_lossless import (
@@ -37,6 +36,7 @@ from tests.audit.test_engine_lossless import (
     N,
     V,
     _counts,
+    lean_logits,
     tiny_llama,
 )
 from tests.drafters.test_quantized_generic import tiny_gemma
@@ -51,19 +51,6 @@ from tests.kernels.test_generate_invariance import (
 
 needs_kernels = pytest.mark.skipif(not kernels.enabled(), reason="bit-equality needs the kernels "
                                    "(python -m exactspec.kernels)")
-
-
-def lean_logits(model, fmt: str, rows=None):
-    """forward(ids [N, T]) -> logits [N, T, V] of `model`'s lean forward in format `fmt`, with
-    its head over `rows` (None: all)."""
-    lean = lean_forward_for(model, fmt, head_rows=rows)
-
-    def forward(ids: torch.Tensor) -> torch.Tensor:
-        ad = TargetAdapter(model, forward=lean)
-        ad.prefill([[] for _ in range(ids.shape[0])])
-        return ad.extend(ids)
-
-    return forward
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +110,7 @@ def residual_over(kept: torch.Tensor) -> type[AcceptanceLaw]:
 
 def test_a_residual_over_the_kept_tokens_only_is_caught(world_models):
     models, kept = world_models
-    q_logits = logits_table(lean_logits(models[0], "int8", kept), PROMPT, V, N + K)
+    q_logits = logits_table(lean_logits(models[0], "int8", rows=kept), PROMPT, V, N + K)
     off = torch.tensor(OFF_HEAD, dtype=torch.float32).double()  # the table is float64
     assert bool((q_logits[:, [i for i in range(V) if i not in kept.tolist()]] == off).all())
     world = _world(models, FILTERED, q_logits)
@@ -146,7 +133,7 @@ def test_the_reduced_head_is_the_full_heads_rows(fmt):
     assert torch.equal(part.head.dequantized(), full.head.dequantized()[kept])
     assert part.head.nbytes < full.head.nbytes and part.weight_bytes < full.weight_bytes
     ids = torch.tensor([PROMPT, PROMPT[::-1]])
-    a, b = lean_logits(target, fmt)(ids), lean_logits(target, fmt, kept)(ids)  # [2, T, V]
+    a, b = lean_logits(target, fmt)(ids), lean_logits(target, fmt, rows=kept)(ids)  # [2, T, V]
     out = torch.ones(V, dtype=torch.bool)
     out[kept] = False
     assert bool((b[..., out] == OFF_HEAD).all())

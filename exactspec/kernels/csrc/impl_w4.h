@@ -85,18 +85,12 @@ static void quantize_i8g(const float* x, int64_t K, int64_t Kp, int8_t* xq, floa
     }
     const V mx = vmax(vmax(v[0], vsub(zero, v[0])), vmax(v[1], vsub(zero, v[1])));
     const V bad = vadd(vmul(v[0], zero), vmul(v[1], zero));
-    float m[16], b[16];
-    vstore(m, mx);
-    vstore(b, bad);
-    float amax = 0.0f, nonfinite = 0.0f;
-    for (int i = 0; i < 16; ++i) {
-      amax = m[i] > amax ? m[i] : amax;
-      nonfinite += b[i];
-    }
+    bool nonfinite;
+    const float amax = lanes_amax(mx, bad, &nonfinite);
     const int64_t g = k0 / W4_GROUP;
-    if (nonfinite != 0.0f || !(amax > 0.0f)) {
+    if (nonfinite || !(amax > 0.0f)) {
       for (int64_t k = 0; k < W4_GROUP; ++k) xq[k0 + k] = 0;
-      sx[g] = nonfinite != 0.0f ? __builtin_nanf("") : 0.0f;
+      sx[g] = nonfinite ? __builtin_nanf("") : 0.0f;
       xs[g] = 0.0f;
       continue;
     }

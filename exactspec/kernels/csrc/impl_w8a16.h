@@ -76,6 +76,21 @@ static void w8a16_tile(const int16_t* xq, int64_t ldx, int64_t Kp, const int8_t*
                static_cast<int>(nr - j < 16 ? nr - j : 16));
 }
 
+// The largest of mx's lanes (|x| so far), and whether a lane of bad (the sum of x * 0) is not 0:
+// a NaN or an infinity passed. The rows' rounding (quantize_i16, impl_w4.h's quantize_i8g).
+static inline float lanes_amax(V mx, V bad, bool* nonfinite) {
+  float m[16], b[16];
+  vstore(m, mx);
+  vstore(b, bad);
+  float amax = 0.0f, sum = 0.0f;
+  for (int i = 0; i < 16; ++i) {
+    amax = m[i] > amax ? m[i] : amax;
+    sum += b[i];
+  }
+  *nonfinite = sum != 0.0f;
+  return amax;
+}
+
 // One row of x rounded to int16 for the product: q[k] = round(x[k] * (32767 / amax)) (the
 // product rounded to float, then to the nearest integer, ties to even), clamped to +-32767,
 // for k < K and 0 up to Kp; *sx = amax / 32767. A row of zeros: zeros, sx 0; a NaN or an
@@ -89,17 +104,11 @@ static void quantize_i16(const float* x, int64_t K, int64_t Kp, int16_t* q, floa
     mx = vmax(mx, vmax(v, vsub(zero, v)));  // |v| (finite v)
     bad = vadd(bad, vmul(v, zero));         // stays 0 unless some v is NaN or infinite
   }
-  float m[16], b[16];
-  vstore(m, mx);
-  vstore(b, bad);
-  float amax = 0.0f, nonfinite = 0.0f;
-  for (int i = 0; i < 16; ++i) {
-    amax = m[i] > amax ? m[i] : amax;
-    nonfinite += b[i];
-  }
-  if (nonfinite != 0.0f || !(amax > 0.0f)) {
+  bool nonfinite;
+  const float amax = lanes_amax(mx, bad, &nonfinite);
+  if (nonfinite || !(amax > 0.0f)) {
     for (int64_t k = 0; k < Kp; ++k) q[k] = 0;
-    *sx = nonfinite != 0.0f ? __builtin_nanf("") : 0.0f;
+    *sx = nonfinite ? __builtin_nanf("") : 0.0f;
     return;
   }
   const V inv = vset1(32767.0f / amax), hi = vset1(32767.0f), lo = vset1(-32767.0f);
