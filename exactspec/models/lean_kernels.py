@@ -134,8 +134,9 @@ def forward_kernels(lean, tokens: torch.Tensor, positions: torch.Tensor, cache: 
 
 def layer_args(lean) -> list[FusedArgs] | None:
     """Per kept layer, the arguments of `kernels.layer_stack` (its declared fields by name:
-    `lean_layer.fused_args`), or None when a product has no kernel of ours (torch's packed
-    int4, where our int4 format does not apply: `in` not a multiple of the group)."""
+    `lean_layer.fused_args`), or None when a product has no kernel of ours (`kernel_args()`
+    None: torch's packed int4, which a lean forward on the kernels no longer builds; the
+    per-operator loop then runs)."""
     shape = lean.shape
     args = [fused_args(shape, layer) for layer in lean.layers]
     return None if any(a is None for a in args) else args
