@@ -21,7 +21,7 @@ from exactspec.audit.stats import chi_square
 from exactspec.audit.world import logits_table
 from exactspec.drafters.quantized import QuantizedDraft
 from exactspec.engine import generate
-from exactspec.models import formats
+from exactspec.models import formats, quantize
 from exactspec.models.adapter import TargetAdapter
 from exactspec.models.quantize_modules import QuantLinear, quantized_copy, quantized_copy_for
 from tests.audit.test_engine_lossless import (
@@ -89,7 +89,7 @@ def test_the_copy_quantizes_every_linear_and_unties_the_head_in_the_copy_only():
     for name in names:
         q = clone.get_submodule(name)
         assert isinstance(q, QuantLinear) and q.matrix.fmt == "int8", name
-        want, s = formats.quantize_int8(target.get_submodule(name).weight.float())
+        want, s = quantize.quantize_int8(target.get_submodule(name).weight.float())
         assert torch.equal(q.matrix.dequantized(),
                            (want.float() * s.to(torch.bfloat16).float()[:, None])
                            .to(q.matrix.dequantized().device)), name

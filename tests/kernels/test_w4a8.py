@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from exactspec import kernels
-from exactspec.models.formats import make_matrix, quantize_int4_kernel
+from exactspec.models.formats import make_matrix
+from exactspec.models.quantize import quantize_int4_kernel
 
 U = 2.0 ** -24  # float32's unit roundoff
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from exactspec.models import formats
-from exactspec.models.formats import _int4_unpack, make_matrix, quantize_int4, quantize_int8
+from exactspec.models.formats import make_matrix
+from exactspec.models.quantize import int4_unpack, quantize_int4, quantize_int8
 
 BF16_EPS = 2.0**-8  # relative rounding of one bf16 value
 
@@ -54,7 +55,7 @@ def test_int4_pack_round_trips_and_dequantizes():
     # within half a step of the bf16-rounded grid, plus the bf16 rounding of the zero point
     assert bool(((deq - w).abs() <= scale / 2 + BF16_EPS * (w.abs() + 16 * scale)).all())
     q = torch.randint(0, 16, (48, 96), dtype=torch.int32, generator=torch.Generator().manual_seed(1))
-    assert torch.equal(_int4_unpack(torch._convert_weight_to_int4pack_for_cpu(q, 1), 96), q)
+    assert torch.equal(int4_unpack(torch._convert_weight_to_int4pack_for_cpu(q, 1), 96), q)
 
 
 def test_int4_refused_shapes_are_stored_as_int8():

@@ -3,7 +3,7 @@
 // namespace per ISA.
 //
 // Weights: groups of 32 inputs, w[n, k] = scale[n] * (d[n, g] * q[n, k] + m[n, g]) with q in
-// 0..15 and d, m bfloat16 (models/formats.py quantize_int4_kernel). Activations: each group of
+// 0..15 and d, m bfloat16 (models/quantize.py quantize_int4_kernel). Activations: each group of
 // 32 inputs of a row rounded to int8 (quantize_i8g below: x_q = round(x * 127 / amax_g), sx_g =
 // amax_g / 127), with their sum X_g. So a group's part of an output is sx_g (d S + m X_g), where
 // S = sum_k x_q q is an exact integer (the lanes' order and the ISA do not matter), and the
