@@ -179,45 +179,70 @@ at::Tensor linear(const at::Tensor& x_, at::TensorList weights,
   return y;
 }
 
+namespace {
+// The frame of a packed integer product (linear_w8a16, linear_w4a8): x [M, K] float32 rows (K
+// padded to Kp, a multiple of 32), scales [N] float32, the residual checked
+struct Packed {
+  at::Tensor x, residual;
+  int64_t M, K, Kp, N;
+};
+Packed packed_args(const at::Tensor& x_, const at::Tensor& scales,
+                   const c10::optional<at::Tensor>& residual_) {
+  check_f32_rows(x_, "x", 2);
+  Packed a;
+  a.x = x_.contiguous();
+  a.M = a.x.size(0);
+  a.K = a.x.size(1);
+  a.Kp = (a.K + 31) / 32 * 32;
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.dim() == 1 && scales.is_contiguous(),
+              "scales must be a contiguous float32 [N] tensor");
+  a.N = scales.size(0);
+  a.residual = residual_of(residual_, a.M, a.N);
+  return a;
+}
+// y [M, N] in chunks of whole panels of np outputs: panel(y, p0, p1) writes the panels [p0,
+// p1), then their columns get the residual
+template <class F>
+at::Tensor packed_run(const Packed& a, int64_t np, F panel) {
+  at::Tensor y = at::empty({a.M, a.N}, a.x.options());
+  const float* rp = a.residual.defined() ? a.residual.data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  Chunks(a.M * a.N * a.K, (a.N + np - 1) / np, 1).run([&](int64_t p0, int64_t p1) {
+    panel(yp, p0, p1);
+    if (rp) add_residual(yp, rp, a.M, a.N, np * p0, std::min(np * p1, a.N));
+  });
+  return y;
+}
+}  // namespace
+
 // x [M, K] float32, w int8 packed by kernels.pack_int8 ([ceil(N / 32), Kp / 2, 32, 2], Kp = K
 // rounded up to 32), scales [N] float32: each row of x quantized to int16 (x_q = round(x *
 // (32767 / amax)), clamped, sx = amax / 32767, per row), then y = (float(sum_k x_q w) * sx) *
 // scales[n] with the sum exact (impl_w8a16.h), (+ residual)
 at::Tensor linear_w8a16(const at::Tensor& x_, const at::Tensor& w, const at::Tensor& scales,
                         const c10::optional<at::Tensor>& residual_) {
-  check_f32_rows(x_, "x", 2);
-  const at::Tensor x = x_.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), Kp = (K + 31) / 32 * 32;
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.dim() == 1 && scales.is_contiguous(),
-              "scales must be a contiguous float32 [N] tensor");
+  const Packed a = packed_args(x_, scales, residual_);
+  const int64_t M = a.M, K = a.K, Kp = a.Kp, N = a.N, panels = (N + 31) / 32;
   // (the kernel converts an exact sum, |sum| <= K * 32767 * 128, to float through a double,
   // exact below 2^51: impl_w8a16.h)
   TORCH_CHECK(K < (int64_t{1} << 28), "linear_w8a16 takes rows of fewer than 2^28 inputs, got ", K);
-  const int64_t N = scales.size(0), panels = (N + 31) / 32;
   TORCH_CHECK(w.dim() == 4 && w.size(0) == panels && w.size(1) * 2 == Kp && w.size(2) == 32 &&
                   w.size(3) == 2 && w.is_contiguous() && w.device().is_cpu() &&
                   w.scalar_type() == at::kChar,
               "w must be int8 packed by kernels.pack_int8: [", panels, ", ", Kp / 2,
               ", 32, 2], got ", w.scalar_type(), " ", w.sizes());
-  const at::Tensor residual = residual_of(residual_, M, N);
-  at::Tensor xq = at::empty({M, Kp}, x.options().dtype(at::kShort));
-  at::Tensor sx = at::empty({M}, x.options());
-  const float* xp = x.data_ptr<float>();
+  at::Tensor xq = at::empty({M, Kp}, a.x.options().dtype(at::kShort));
+  at::Tensor sx = at::empty({M}, a.x.options());
+  const float* xp = a.x.data_ptr<float>();
   int16_t* qp = xq.data_ptr<int16_t>();
   float* sp = sx.data_ptr<float>();
   const Isa& k = isa();
   for (int64_t m = 0; m < M; ++m) k.quantize_i16(xp + m * K, K, Kp, qp + m * Kp, sp + m);
-  at::Tensor y = at::empty({M, N}, x.options());
-  const float* rp = residual.defined() ? residual.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* scp = scales.data_ptr<float>();
-  // chunks on whole panels of 32 rows
-  Chunks(M * N * K, panels, 1).run([&](int64_t g0, int64_t g1) {
+  return packed_run(a, 32, [&](float* yp, int64_t g0, int64_t g1) {
     k.linear_w8a16(qp, Kp, M, Kp, wp, sp, scp, yp, N, N, g0, g1);
-    if (rp) add_residual(yp, rp, M, N, 32 * g0, std::min(32 * g1, N));
   });
-  return y;
 }
 
 // x [M, K] float32, w int4 packed by kernels.pack_int4 ([ceil(N / 16), G, 320] uint8, G = Kp /
@@ -226,37 +251,26 @@ at::Tensor linear_w8a16(const at::Tensor& x_, const at::Tensor& w, const at::Ten
 // order, S exact) (impl_w4.h), (+ residual)
 at::Tensor linear_w4a8(const at::Tensor& x_, const at::Tensor& w, const at::Tensor& scales,
                        const c10::optional<at::Tensor>& residual_) {
-  check_f32_rows(x_, "x", 2);
-  const at::Tensor x = x_.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), Kp = (K + 31) / 32 * 32, G = Kp / 32;
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.dim() == 1 && scales.is_contiguous(),
-              "scales must be a contiguous float32 [N] tensor");
-  const int64_t N = scales.size(0), panels = (N + 15) / 16;
+  const Packed a = packed_args(x_, scales, residual_);
+  const int64_t M = a.M, K = a.K, Kp = a.Kp, G = Kp / 32, N = a.N, panels = (N + 15) / 16;
   TORCH_CHECK(w.dim() == 3 && w.size(0) == panels && w.size(1) == G && w.size(2) == 320 &&
                   w.is_contiguous() && w.device().is_cpu() && w.scalar_type() == at::kByte,
               "w must be int4 packed by kernels.pack_int4: [", panels, ", ", G,
               ", 320] uint8, got ", w.scalar_type(), " ", w.sizes());
-  const at::Tensor residual = residual_of(residual_, M, N);
-  at::Tensor xq = at::empty({M, Kp}, x.options().dtype(at::kChar));
-  at::Tensor gs = at::empty({2, M, G}, x.options());  // each group's sx, then its sum X
-  const float* xp = x.data_ptr<float>();
+  at::Tensor xq = at::empty({M, Kp}, a.x.options().dtype(at::kChar));
+  at::Tensor gs = at::empty({2, M, G}, a.x.options());  // each group's sx, then its sum X
+  const float* xp = a.x.data_ptr<float>();
   int8_t* qp = xq.data_ptr<int8_t>();
   float* sxp = gs.data_ptr<float>();
   float* xsp = sxp + M * G;
   const Isa& k = isa();
   for (int64_t m = 0; m < M; ++m)
     k.quantize_i8g(xp + m * K, K, Kp, qp + m * Kp, sxp + m * G, xsp + m * G);
-  at::Tensor y = at::empty({M, N}, x.options());
-  const float* rp = residual.defined() ? residual.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const float* scp = scales.data_ptr<float>();
-  // chunks on whole panels of 16 rows
-  Chunks(M * N * K, panels, 1).run([&](int64_t p0, int64_t p1) {
+  return packed_run(a, 16, [&](float* yp, int64_t p0, int64_t p1) {
     k.linear_w4a8(qp, Kp, sxp, xsp, M, G, wp, scp, yp, N, N, p0, p1);
-    if (rp) add_residual(yp, rp, M, N, 16 * p0, std::min(16 * p1, N));
   });
-  return y;
 }
 
 namespace {
