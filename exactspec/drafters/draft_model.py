@@ -240,9 +240,9 @@ class DraftModel:
     def _native_step(self, context: DraftContext, k: int) -> NativeStep | None:
         """The native draft step for this propose (kernels/draft_step.py), or None for the
         Python path: it needs a lean forward on our kernels whose head gives the whole
-        vocabulary (a reduced head's logits placed in it), one law over the rows that the native step standardizes (no penalties,
-        logit bias or grammar), and counter-based streams; EXACTSPEC_DRAFT_STEP=0 turns it
-        off."""
+        vocabulary (a reduced head's logits placed in it), one law over the rows that the
+        native step standardizes (no penalties, logit bias or grammar), and counter-based
+        streams; EXACTSPEC_DRAFT_STEP=0 turns it off."""
         lean = getattr(self._adapter, "lean", None)
         if (os.environ.get("EXACTSPEC_DRAFT_STEP", "1") == "0" or lean is None
                 or not lean.kernels or context.grammar is not None

@@ -15,8 +15,9 @@ computes `y` for activations of any leading shape:
 On the CPU, where our own kernels are built (`exactspec/kernels`), the lean forward calls
 `Matrix.kernel` instead: one batch-invariant product for float32 (the model's own parts, no
 copy), bfloat16, int8 (float32 scales; int16 activations) and int4 weights (our own format,
-`models/quantize.py quantize_int4_kernel`: asymmetric groups of 32 with bf16 d and m, 0.625 bytes a weight, int8
-activations per group; `kernels.linear_w4a8`), float32 activations in and out.
+`models/quantize.py quantize_int4_kernel`: asymmetric groups of 32 with bf16 d and m, 0.625
+bytes a weight, int8 activations per group; `kernels.linear_w4a8`), float32 activations in and
+out.
 
 Every quantized format also has a reference path, `Matrix.reference(x)`: the dequantized
 weight in float32, used by the tests and as the fallback where the packed kernel is slower than
