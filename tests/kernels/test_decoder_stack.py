@@ -84,3 +84,49 @@ def test_a_product_without_a_kernel_keeps_the_per_operator_loop(monkeypatch):
     assert lean_kernels.layer_stack(lean) is None
     assert all(torch.equal(a, b) for a, b in zip(_run(model, fused=True),
                                                   _run(model, fused=False), strict=True))
+
+
+def _one_row_steps(model, fmt: str | None, one_row: bool, monkeypatch) -> list[torch.Tensor]:
+    """Logits of a 700-token prefill (past one run of 512 keys), then of three one-token
+    steps of one sequence: the calls the one-row stack takes (csrc/ops_layer.cpp)."""
+    monkeypatch.setenv("EXACTSPEC_ONE_ROW_STACK", "1" if one_row else "0")
+    forward = None if fmt is None else lean_forward_for(model, fmt)
+    g = torch.Generator().manual_seed(5)
+    adapter = TargetAdapter(model, forward=forward)
+    out = [adapter.prefill([torch.randint(0, 40, (700,), generator=g).tolist()], capacity=720)]
+    for _ in range(3):
+        out.append(adapter.extend(torch.randint(0, 40, (1, 1), generator=g)))
+        adapter.commit(torch.tensor([1]))
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("fmt", [None, "int8", "int4"], ids=["own-dtype", "int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_one_row_stack_gives_the_operator_bits(name, dtype, fmt, threads, monkeypatch):
+    """One row in one parallel region (products split over the threads, attention over the
+    heads, barriers between) gives the bits of the operator path, every architecture and
+    weight format, on one thread and two."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        model = model_of(name, seed=4, vocab=40, max_position_embeddings=1024).to(dtype)
+        ref = _one_row_steps(model, fmt, False, monkeypatch)
+        got = _one_row_steps(model, fmt, True, monkeypatch)
+    finally:
+        torch.set_num_threads(before)
+    assert all(t is not None for t in ref[1:])
+    for a, b in zip(ref[1:], got[1:], strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_a_wrong_one_row_stack_is_caught(monkeypatch):
+    """The comparison above can fail: the one-row stack of a model whose second layer's
+    attention output norm is changed against the operator path of the original."""
+    model = model_of("llama", seed=4, vocab=40, max_position_embeddings=1024)
+    ref = _one_row_steps(model, None, False, monkeypatch)
+    with torch.no_grad():
+        model.model.layers[1].post_attention_layernorm.weight.mul_(1.01)
+    got = _one_row_steps(model, None, True, monkeypatch)
+    assert not torch.equal(ref[-1], got[-1])

@@ -325,7 +325,6 @@ void rope_(const at::Tensor& x, const at::Tensor& cos_, const at::Tensor& sin_, 
   });
 }
 
-namespace {
 // the last key a query sees (-1: none), and whether it sees every key up to it; the mask read
 // 8 bytes at a time (bool bytes: 0 or 1)
 int64_t last_visible(const uint8_t* visible, int64_t S, bool* dense) {
@@ -352,7 +351,6 @@ int64_t last_visible(const uint8_t* visible, int64_t S, bool* dense) {
     }
   return last;
 }
-}  // namespace
 
 // q [B, T, h, d], k / v [B, kv, S, d] (strided over B and kv; rows of d contiguous, one key
 // every ldk floats), mask [B, 1, T, S] or [B, T, S] bool or none -> [B, T, h, d]

@@ -21,6 +21,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 at::Tensor silu_mul(const at::Tensor& gate_up);
 at::Tensor gelu_tanh_mul(const at::Tensor& gate_up);
 void rope_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t heads);
+// the last key a query sees under its mask row of S bools (null: every key), -1 for none, and
+// whether it sees every key up to that one (attention's plan of a query)
+int64_t last_visible(const uint8_t* visible, int64_t S, bool* dense);
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const c10::optional<at::Tensor>& mask, double scale);
 

@@ -8,13 +8,22 @@
 // (exactspec/models/lean_layer.py) with their names, checked against kTensorNames /
 // kSettingNames below.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <omp.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "isa.h"
 #include "ops.h"
 
 namespace exactspec {
@@ -63,6 +72,66 @@ const char* const kSettingNames[kSettingFields] = {
     "heads", "kv_heads", "head_dim", "scale", "act:silu,gelu_tanh",
     "kind:full_attention,sliding_attention", "eps"};
 
+// A product of one row as the one-row stack runs it (one_row_stack): the same kernel calls as
+// product() makes for one row, split over the threads on the same units (16 columns of a float
+// product, panels of 32 int8 / 16 int4 outputs), pointers read once when the layer is added
+struct Prod {
+  enum Kind { kParts, kW8, kW4 } kind = kParts;
+  int64_t N = 0, K = 0, Kp = 0;
+  struct Part { const void* w; int wt; const float* scale; int64_t col, rows; };
+  std::vector<Part> parts;   // kParts: the float32 / bf16 / int8 parts
+  const void* w = nullptr;   // kW8 / kW4: the packed weights
+  const float* scales = nullptr;
+  bool ok = false;           // a layout the one-row stack takes (else the operator path runs)
+  int64_t units() const { return kind == kParts ? (N + 15) / 16 : kind == kW8 ? (N + 31) / 32 : (N + 15) / 16; }
+  int64_t unit() const { return kind == kW8 ? 32 : 16; }
+};
+
+Prod prod_of(at::TensorList w, const c10::optional<at::Tensor>& scales) {
+  Prod p;
+  if (w.size() == 1 && w[0].dim() == 4 && w[0].scalar_type() == at::kChar && scales.has_value()) {
+    p.kind = Prod::kW8;
+    p.N = scales->size(0);
+    p.Kp = w[0].size(1) * 2;  // the row's K: rounded up to Kp (checked in one_row_ok)
+    p.w = w[0].data_ptr();
+  } else if (w.size() == 1 && w[0].dim() == 3 && w[0].scalar_type() == at::kByte &&
+             scales.has_value()) {
+    p.kind = Prod::kW4;
+    p.N = scales->size(0);
+    p.Kp = w[0].size(1) * 32;
+    p.w = w[0].data_ptr();
+  } else {
+    p.kind = Prod::kParts;
+    for (const at::Tensor& t : w) {
+      if (t.dim() != 2 || !t.is_contiguous()) return p;
+      int wt;
+      switch (t.scalar_type()) {
+        case at::kFloat: wt = W_F32; break;
+        case at::kBFloat16: wt = W_BF16; break;
+        case at::kChar: wt = W_I8; break;
+        default: return p;
+      }
+      if (p.K && t.size(1) != p.K) return p;
+      p.K = t.size(1);
+      p.parts.push_back({t.data_ptr(), wt, nullptr, p.N, t.size(0)});
+      p.N += t.size(0);
+    }
+    p.Kp = p.K;
+  }
+  if (scales.has_value()) {
+    const at::Tensor& s = *scales;
+    if (s.scalar_type() != at::kFloat || s.dim() != 1 || s.size(0) != p.N || !s.is_contiguous())
+      return p;
+    p.scales = s.data_ptr<float>();
+    for (auto& part : p.parts) part.scale = p.scales + part.col;
+  }
+  p.ok = p.N > 0;
+  return p;
+}
+
+// a norm's or a bias's values as float32 (what rms_norm and `y + bias` compute with)
+at::Tensor as_f32(const at::Tensor& t) { return t.contiguous().to(at::kFloat).contiguous(); }
+
 struct Layer {
   at::Tensor norm_in;
   double eps;
@@ -79,6 +148,10 @@ struct Layer {
   std::vector<at::Tensor> down;
   c10::optional<at::Tensor> down_scales, norm_mlp_out;
   int64_t local;  // 1: a sliding-window layer (takes the local RoPE and mask), else 0
+  // for one_row_stack: the products' pointers, the norms and the bias as float32
+  Prod p_qkv, p_o, p_gate_up, p_down;
+  at::Tensor f_norm_in, f_q_norm, f_k_norm, f_norm_attn_out, f_norm_mlp_in, f_norm_mlp_out,
+      f_qkv_bias;
 };
 
 // "a, b, c": a list of names, for the messages below
@@ -222,10 +295,358 @@ struct LayerStack : torch::CustomClassHolder {
     L.norm_mlp_out = maybe(t, kNormMlpOut);
     L.local = local;
     TORCH_CHECK(L.q_norm.has_value() == L.k_norm.has_value(), "q_norm and k_norm come together");
+    L.p_qkv = prod_of(L.qkv, L.qkv_scales);
+    L.p_o = prod_of(L.o, L.o_scales);
+    L.p_gate_up = prod_of(L.gate_up, L.gate_up_scales);
+    L.p_down = prod_of(L.down, L.down_scales);
+    L.f_norm_in = as_f32(L.norm_in);
+    L.f_norm_mlp_in = as_f32(L.norm_mlp_in);
+    if (L.q_norm.has_value()) L.f_q_norm = as_f32(*L.q_norm);
+    if (L.k_norm.has_value()) L.f_k_norm = as_f32(*L.k_norm);
+    if (L.norm_attn_out.has_value()) L.f_norm_attn_out = as_f32(*L.norm_attn_out);
+    if (L.norm_mlp_out.has_value()) L.f_norm_mlp_out = as_f32(*L.norm_mlp_out);
+    if (L.qkv_bias.has_value()) L.f_qkv_bias = as_f32(*L.qkv_bias);
     layers.push_back(std::move(L));
   }
   int64_t size() const { return static_cast<int64_t>(layers.size()); }
 };
+
+
+// ---- one row: the whole stack in one parallel region ----
+//
+// A one-token step of one sequence (M = 1) spends a good part of its time outside the weights'
+// bytes when each operator is its own call: about 20 tensor operations a layer and 4 parallel
+// regions (docs/performance.md, "one parallel region per stack"). one_row_stack runs the same
+// kernel calls in the same order on raw buffers, in one parallel region for every layer: the
+// products split over the threads on the units product() splits them on, attention over the
+// query heads, the elementwise operators on one thread or on each thread alike (then every
+// thread computes the same bits), a barrier where a result crosses threads. Every output is
+// computed by the same kernel call with the same inputs as on the operator path, so the same
+// bits (tests/kernels/test_decoder_stack.py).
+
+// A barrier for a team of n threads: a short spin, then the core is given away (sched_yield)
+// so that a partner without a core (a busy machine) gets one instead of a spinning thread
+struct Barrier {
+  std::atomic<int> count{0}, gen{0};
+  void wait(int n) {
+    if (n == 1) return;
+    const int g = gen.load(std::memory_order_acquire);
+    if (count.fetch_add(1, std::memory_order_acq_rel) == n - 1) {
+      count.store(0, std::memory_order_relaxed);
+      gen.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    for (int spin = 0; gen.load(std::memory_order_acquire) == g; ++spin) {
+      if (spin < 2000) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      } else {
+        sched_yield();
+      }
+    }
+  }
+};
+
+// a thread's buffers (its own copies of what it quantizes and normalizes)
+struct RowScratch {
+  std::vector<float> xn, act, sx, scratch, partial;
+  std::vector<int16_t> xq;
+};
+
+// units [u0, u1) of thread t of n over `units` (as ops.cpp's Chunks: no effect on any result)
+inline void share(int64_t units, int t, int n, int64_t* u0, int64_t* u1) {
+  *u0 = units * t / n;
+  *u1 = units * (t + 1) / n;
+}
+
+// thread t's share of y = x P^T (+ r), x one row of K floats (its quantized copy in s when
+// P is packed), y [P.N]
+void row_product(const Isa& k, const Prod& P, const float* x, int64_t K, const float* r,
+                 float* y, RowScratch& s, int t, int n) {
+  int64_t u0, u1;
+  share(P.units(), t, n, &u0, &u1);
+  if (u0 >= u1) return;
+  int64_t c0 = u0 * P.unit(), c1 = std::min(u1 * P.unit(), P.N);
+  if (P.kind == Prod::kParts) {
+    for (const auto& p : P.parts) {
+      const int64_t r0 = std::max(c0, p.col) - p.col;
+      const int64_t r1 = std::min(c1, p.col + p.rows) - p.col;
+      if (r0 >= r1) continue;
+      k.linear(x, 1, K, p.w, p.wt, p.scale, y + p.col, P.N, r0, r1);
+    }
+  } else if (P.kind == Prod::kW8) {
+    k.quantize_i16(x, K, P.Kp, s.xq.data(), s.sx.data());
+    k.linear_w8a16(s.xq.data(), P.Kp, 1, P.Kp, static_cast<const int8_t*>(P.w), s.sx.data(),
+                   P.scales, y, P.N, P.N, u0, u1);
+  } else {
+    const int64_t G = P.Kp / 32;
+    int8_t* q = reinterpret_cast<int8_t*>(s.xq.data());
+    k.quantize_i8g(x, K, P.Kp, q, s.sx.data(), s.sx.data() + G);
+    k.linear_w4a8(q, P.Kp, s.sx.data(), s.sx.data() + G, 1, G,
+                  static_cast<const uint8_t*>(P.w), P.scales, y, P.N, P.N, u0, u1);
+  }
+  if (r)
+    for (int64_t c = c0; c < c1; ++c) y[c] += r[c];
+}
+
+// whether one_row_stack takes this call (else the operator path runs, the same bits)
+bool one_row_ok(const LayerStack& stack, const at::Tensor& x, at::TensorList k_caches,
+                at::TensorList v_caches, int64_t write_start, int64_t view_len) {
+  const char* env = std::getenv("EXACTSPEC_ONE_ROW_STACK");
+  if (env && env[0] == '0') return false;
+  if (x.dim() != 2 || x.size(0) != 1 || x.scalar_type() != at::kFloat || write_start < 0)
+    return false;
+  const int64_t H = x.size(1);
+  for (size_t i = 0; i < stack.layers.size(); ++i) {
+    const Layer& L = stack.layers[i];
+    const at::Tensor& kc = k_caches[i];
+    const at::Tensor& vc = v_caches[i];
+    if (!L.p_qkv.ok || !L.p_o.ok || !L.p_gate_up.ok || !L.p_down.ok) return false;
+    const int64_t h = L.heads, kv = L.kv_heads, d = L.head_dim;
+    if (kv <= 0 || h % kv != 0 || h / kv > 64 || d % 2 != 0) return false;
+    const int64_t I = L.p_gate_up.N / 2;
+    if (L.p_qkv.N != (h + 2 * kv) * d || L.p_o.N != H || L.p_down.N != H ||
+        L.p_gate_up.N % 2 != 0)
+      return false;
+    // each product's input length: its K (float parts) or rounded up to 32, its Kp (packed)
+    const std::pair<const Prod*, int64_t> ins[] = {
+        {&L.p_qkv, H}, {&L.p_o, h * d}, {&L.p_gate_up, H}, {&L.p_down, I}};
+    for (const auto& pk : ins)
+      if (pk.first->kind == Prod::kParts ? pk.first->K != pk.second
+                                         : pk.first->Kp != (pk.second + 31) / 32 * 32)
+        return false;
+    if (kc.scalar_type() != at::kFloat || vc.scalar_type() != at::kFloat || kc.dim() != 4 ||
+        kc.size(0) != 1 || kc.size(1) != kv || kc.size(3) != d || vc.sizes() != kc.sizes() ||
+        kc.strides() != vc.strides() || kc.stride(3) != 1 || view_len > kc.size(2) ||
+        write_start >= view_len)
+      return false;
+    if (L.f_qkv_bias.defined() && L.f_qkv_bias.numel() != L.p_qkv.N) return false;
+  }
+  return true;
+}
+
+// a query's view of one mask [1, 1, 1, S] / [1, 1, S] bool (or none): its row, its last key
+struct RowMask {
+  at::Tensor keep;  // the contiguous row, alive while the stack runs
+  const uint8_t* row = nullptr;
+  int64_t last = -1;
+};
+RowMask row_mask(const c10::optional<at::Tensor>& mask, int64_t S) {
+  RowMask m;
+  const uint8_t* p = nullptr;
+  if (mask.has_value()) {
+    at::Tensor t = *mask;
+    if (t.dim() == 4) t = t.select(1, 0);
+    TORCH_CHECK(t.scalar_type() == at::kBool && t.dim() == 3 && t.size(0) == 1 &&
+                    t.size(1) == 1 && t.size(2) == S, "attention: mask must be bool [B, T, S]");
+    m.keep = t.reshape({S}).contiguous();
+    p = reinterpret_cast<const uint8_t*>(m.keep.data_ptr<bool>());
+  }
+  bool dense;
+  m.last = last_visible(p, S, &dense);
+  m.row = dense ? nullptr : p;
+  return m;
+}
+
+std::vector<at::Tensor> one_row_stack(
+    const LayerStack& stack, const at::Tensor& x_, const at::Tensor& cos_, const at::Tensor& sin_,
+    const c10::optional<at::Tensor>& cos_local, const c10::optional<at::Tensor>& sin_local,
+    at::TensorList k_caches, at::TensorList v_caches, int64_t write_start, int64_t view_len,
+    const c10::optional<at::Tensor>& mask, const c10::optional<at::Tensor>& mask_local,
+    at::IntArrayRef keep) {
+  const Isa& k = current_unit();
+  const int64_t H = x_.size(1), nl = static_cast<int64_t>(stack.layers.size());
+  const at::Tensor cos = cos_.contiguous(), sin = sin_.contiguous();
+  at::Tensor cosl, sinl;
+  if (cos_local.has_value()) cosl = cos_local->contiguous(), sinl = sin_local->contiguous();
+  const RowMask mg = row_mask(mask, view_len);
+  const RowMask ml = mask_local.has_value() ? row_mask(mask_local, view_len) : mg;
+  int64_t qkv_max = 0, hd_max = 0, kv_max = 0, i2_max = 0, k_max = H, d_max = 0;
+  for (const Layer& L : stack.layers) {
+    TORCH_CHECK(!L.local || (cosl.defined() && sinl.defined()),
+                "decoder_stack: a sliding-window layer needs the local RoPE");
+    const int64_t d = L.head_dim;
+    const at::Tensor& c = L.local ? cosl : cos;
+    const at::Tensor& sn = L.local ? sinl : sin;
+    TORCH_CHECK(c.scalar_type() == at::kFloat && sn.scalar_type() == at::kFloat &&
+                    c.dim() == 2 && c.size(0) == 1 && c.size(1) == d && sn.sizes() == c.sizes(),
+                "rope: cos / sin must be float32 [1, ", d, "]");
+    const RowMask& m = L.local ? ml : mg;
+    TORCH_CHECK((m.last < 0 ? 1 : m.last / kAttnRun + 1) <= kAttnMaxRuns, "attention: at most ",
+                kAttnMaxRuns * kAttnRun, " keys, got ", view_len);
+    qkv_max = std::max(qkv_max, L.p_qkv.N);
+    hd_max = std::max(hd_max, L.heads * d);
+    kv_max = std::max(kv_max, L.kv_heads * d);
+    i2_max = std::max(i2_max, L.p_gate_up.N);
+    d_max = std::max(d_max, d);
+    for (const Prod* P : {&L.p_qkv, &L.p_o, &L.p_gate_up, &L.p_down}) k_max = std::max(k_max, P->Kp);
+  }
+  std::vector<at::Tensor> out(1);
+  size_t next = 0;
+  std::vector<float*> keep_at(nl, nullptr);
+  for (; next < keep.size(); ++next) {
+    TORCH_CHECK(keep[next] >= 0 && keep[next] < nl && (next == 0 || keep[next] > keep[next - 1]),
+                "decoder_stack: keep must be increasing layer indices < ", nl);
+    out.push_back(at::empty({1, H}, x_.options()));
+    keep_at[keep[next]] = out.back().data_ptr<float>();
+  }
+  at::Tensor result = at::empty({1, H}, x_.options());
+  // the shared row buffers: x (two, in turn), the q/k/v row, q and k after their norms, the
+  // attention's output, a product's output before a sandwich norm, the gate/up row
+  std::vector<float> xa(H), xb(H), y(qkv_max), qn(hd_max), kn(kv_max), a(hd_max), yo(H),
+      out_row(H), g(i2_max);
+  std::memcpy(xa.data(), x_.contiguous().data_ptr<float>(), H * sizeof(float));
+  Barrier bar;
+  const int threads = at::in_parallel_region() ? 1 : std::max(1, at::get_num_threads());
+
+  auto body = [&](int t, int n) {
+    thread_local RowScratch s;
+    s.xn.resize(std::max(H, i2_max));
+    s.act.resize(i2_max);
+    s.xq.resize(k_max);
+    s.sx.resize(2 * (k_max / 32 + 1));
+    s.scratch.resize(64 * (kAttnRun + 32));
+    float* x = xa.data();
+    float* xnext = xb.data();
+    for (int64_t li = 0; li < nl; ++li) {
+      const Layer& L = stack.layers[li];
+      const float eps = static_cast<float>(L.eps);
+      const int64_t h = L.heads, kv = L.kv_heads, d = L.head_dim, rep = h / kv;
+      if (t == 0 && keep_at[li]) std::memcpy(keep_at[li], x, H * sizeof(float));
+      // q, k, v
+      k.rms_norm(x, L.f_norm_in.data_ptr<float>(), eps, H, s.xn.data(), 0, 1);
+      row_product(k, L.p_qkv, s.xn.data(), H, nullptr, y.data(), s, t, n);
+      if (L.f_qkv_bias.defined()) {
+        int64_t u0, u1;
+        share(L.p_qkv.units(), t, n, &u0, &u1);
+        const float* b = L.f_qkv_bias.data_ptr<float>();
+        for (int64_t c = u0 * L.p_qkv.unit(); c < std::min(u1 * L.p_qkv.unit(), L.p_qkv.N); ++c)
+          y[c] = y[c] + b[c];
+      }
+      bar.wait(n);
+      // q / k norms, RoPE, the cache's new slot (one thread)
+      const float* cp = (L.local ? cosl : cos).data_ptr<float>();
+      const float* sp = (L.local ? sinl : sin).data_ptr<float>();
+      const float* q;
+      const float* kr;
+      if (L.f_q_norm.defined()) {
+        q = qn.data();
+        kr = kn.data();
+      } else {
+        q = y.data();
+        kr = y.data() + h * d;
+      }
+      const at::Tensor& kc = k_caches[li];
+      const at::Tensor& vc = v_caches[li];
+      float* kcp = kc.data_ptr<float>();
+      float* vcp = vc.data_ptr<float>();
+      const int64_t ks1 = kc.stride(1), ks2 = kc.stride(2);
+      if (t == 0) {
+        if (L.f_q_norm.defined()) {
+          k.rms_norm(y.data(), L.f_q_norm.data_ptr<float>(), eps, d, qn.data(), 0, h);
+          k.rms_norm(y.data() + h * d, L.f_k_norm.data_ptr<float>(), eps, d, kn.data(), 0, kv);
+          k.rope(qn.data(), h * d, h, d, cp, sp, 0, 1);
+          k.rope(kn.data(), kv * d, kv, d, cp, sp, 0, 1);
+        } else {
+          k.rope(y.data(), L.p_qkv.N, h + kv, d, cp, sp, 0, 1);
+        }
+        for (int64_t gi = 0; gi < kv; ++gi) {
+          std::memcpy(kcp + gi * ks1 + write_start * ks2, kr + gi * d, d * sizeof(float));
+          std::memcpy(vcp + gi * ks1 + write_start * ks2, y.data() + (h + kv + gi) * d,
+                      d * sizeof(float));
+        }
+      }
+      bar.wait(n);
+      // attention: this thread's query heads, those of one key/value head as one group
+      {
+        const RowMask& m = L.local ? ml : mg;
+        const int64_t runs = m.last < 0 ? 1 : m.last / kAttnRun + 1, stride = d + 2;
+        s.partial.resize(runs * rep * stride);
+        const int64_t h0 = h * t / n, h1 = h * (t + 1) / n;
+        for (int64_t hs = h0; hs < h1;) {
+          const int64_t gi = hs / rep, he = std::min(h1, (gi + 1) * rep), nq = he - hs;
+          const float* qs[64];
+          const uint8_t* ms[64];
+          int64_t rel[64];
+          float* acc[64];
+          float top[64], sum[64];
+          for (int64_t r = 0; r < runs; ++r) {
+            const int64_t j0 = r * kAttnRun;
+            float* part = s.partial.data() + r * rep * stride;
+            for (int64_t u = 0; u < nq; ++u) {
+              qs[u] = q + (hs + u) * d;
+              ms[u] = m.row ? m.row + j0 : nullptr;
+              rel[u] = std::min(m.last, j0 + kAttnRun - 1) - j0;
+              acc[u] = part + u * stride + 2;
+            }
+            const int64_t off = gi * ks1 + j0 * ks2;
+            k.attend_run(nq, qs, ms, rel, kcp + off, vcp + off, ks2, d,
+                         static_cast<float>(L.scale), s.scratch.data(), kAttnRun + 32, top, sum,
+                         acc);
+            for (int64_t u = 0; u < nq; ++u) {
+              part[u * stride] = top[u];
+              part[u * stride + 1] = sum[u];
+            }
+          }
+          for (int64_t u = 0; u < nq; ++u) {
+            float rt[kAttnMaxRuns], rs[kAttnMaxRuns];
+            const float* ra[kAttnMaxRuns];
+            for (int64_t r = 0; r < runs; ++r) {
+              const float* p = s.partial.data() + r * rep * stride + u * stride;
+              rt[r] = p[0];
+              rs[r] = p[1];
+              ra[r] = p + 2;
+            }
+            k.attend_finish(runs, rt, rs, ra, d, a.data() + (hs + u) * d);
+          }
+          hs = he;
+        }
+      }
+      bar.wait(n);
+      // the output product and its residual
+      if (L.f_norm_attn_out.defined()) {
+        row_product(k, L.p_o, a.data(), h * d, nullptr, yo.data(), s, t, n);
+        bar.wait(n);
+        if (t == 0) {
+          k.rms_norm(yo.data(), L.f_norm_attn_out.data_ptr<float>(), eps, H, s.xn.data(), 0, 1);
+          for (int64_t c = 0; c < H; ++c) out_row[c] = x[c] + s.xn[c];
+        }
+      } else {
+        row_product(k, L.p_o, a.data(), h * d, x, out_row.data(), s, t, n);
+      }
+      bar.wait(n);
+      // the MLP
+      const int64_t I = L.p_gate_up.N / 2;
+      k.rms_norm(out_row.data(), L.f_norm_mlp_in.data_ptr<float>(), eps, H, s.xn.data(), 0, 1);
+      row_product(k, L.p_gate_up, s.xn.data(), H, nullptr, g.data(), s, t, n);
+      bar.wait(n);
+      if (L.act == 0) k.silu_mul(g.data(), I, s.act.data(), 0, 1);
+      else k.gelu_tanh_mul(g.data(), I, s.act.data(), 0, 1);
+      if (L.f_norm_mlp_out.defined()) {
+        row_product(k, L.p_down, s.act.data(), I, nullptr, yo.data(), s, t, n);
+        bar.wait(n);
+        if (t == 0) {
+          k.rms_norm(yo.data(), L.f_norm_mlp_out.data_ptr<float>(), eps, H, s.xn.data(), 0, 1);
+          for (int64_t c = 0; c < H; ++c) xnext[c] = out_row[c] + s.xn[c];
+        }
+      } else {
+        row_product(k, L.p_down, s.act.data(), I, out_row.data(), xnext, s, t, n);
+      }
+      bar.wait(n);
+      std::swap(x, xnext);
+    }
+    if (t == 0) std::memcpy(result.data_ptr<float>(), x, H * sizeof(float));
+  };
+  if (threads == 1) {
+    body(0, 1);
+  } else {
+#pragma omp parallel num_threads(threads)
+    body(omp_get_thread_num(), omp_get_num_threads());
+  }
+  out[0] = result;
+  return out;
+}
 
 // Every layer of `stack` in turn on x [M, H]: layer i reads / writes k_caches[i] / v_caches[i]
 // and takes the global (cos, sin, mask) or, for a sliding-window layer, the local ones.
@@ -241,6 +662,9 @@ std::vector<at::Tensor> decoder_stack(
   TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == n &&
                   static_cast<int64_t>(v_caches.size()) == n,
               "decoder_stack: one key and one value buffer per layer (", n, ")");
+  if (one_row_ok(*stack, x_, k_caches, v_caches, write_start, view_len))
+    return one_row_stack(*stack, x_, cos, sin, cos_local, sin_local, k_caches, v_caches,
+                         write_start, view_len, mask, mask_local, keep);
   const Step st{batch, write_start, view_len, &write_index};
   std::vector<at::Tensor> out(1);
   at::Tensor x = x_;
