@@ -86,17 +86,25 @@ def test_a_product_without_a_kernel_keeps_the_per_operator_loop(monkeypatch):
                                                   _run(model, fused=False), strict=True))
 
 
-def _one_row_steps(model, fmt: str | None, one_row: bool, monkeypatch) -> list[torch.Tensor]:
-    """Logits of a 700-token prefill (past one run of 512 keys), then of three one-token
-    steps of one sequence: the calls the one-row stack takes (csrc/ops_layer.cpp)."""
-    monkeypatch.setenv("EXACTSPEC_ONE_ROW_STACK", "1" if one_row else "0")
+def _row_steps(model, fmt: str | None, rows_stack: bool, monkeypatch) -> list[torch.Tensor]:
+    """Logits of one sequence's 700-token prefill (past one run of 512 keys), then of its steps
+    of 1, 4 and 7 tokens (a decode step, verifies), and of two sequences' aligned steps of 1 and
+    3 tokens: the calls the rows stack takes (csrc/ops_layer.cpp)."""
+    monkeypatch.setenv("EXACTSPEC_ROWS_STACK", "1" if rows_stack else "0")
     forward = None if fmt is None else lean_forward_for(model, fmt)
     g = torch.Generator().manual_seed(5)
-    adapter = TargetAdapter(model, forward=forward)
-    out = [adapter.prefill([torch.randint(0, 40, (700,), generator=g).tolist()], capacity=720)]
-    for _ in range(3):
-        out.append(adapter.extend(torch.randint(0, 40, (1, 1), generator=g)))
-        adapter.commit(torch.tensor([1]))
+    one = TargetAdapter(model, forward=forward)
+    out = [one.prefill([torch.randint(0, 40, (700,), generator=g).tolist()], capacity=740)]
+    for width, keep in ((1, 1), (4, 2), (7, 7), (1, 1)):
+        out.append(one.extend(torch.randint(0, 40, (1, width), generator=g)))
+        one.commit(torch.tensor([keep]))
+    two = TargetAdapter(model, forward=forward)
+    prompt = torch.randint(0, 40, (9,), generator=g).tolist()
+    two.prefill([prompt, prompt[::-1]], capacity=32)
+    for width in (1, 3, 1):
+        assert two.lengths.tolist() == [two.lengths[0]] * 2
+        out.append(two.extend(torch.randint(0, 40, (2, width), generator=g)))
+        two.commit(torch.tensor([width, width]))
     return out
 
 
@@ -104,16 +112,16 @@ def _one_row_steps(model, fmt: str | None, one_row: bool, monkeypatch) -> list[t
 @pytest.mark.parametrize("fmt", [None, "int8", "int4"], ids=["own-dtype", "int8", "int4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_the_one_row_stack_gives_the_operator_bits(name, dtype, fmt, threads, monkeypatch):
-    """One row in one parallel region (products split over the threads, attention over the
-    heads, barriers between) gives the bits of the operator path, every architecture and
-    weight format, on one thread and two."""
+def test_the_rows_stack_gives_the_operator_bits(name, dtype, fmt, threads, monkeypatch):
+    """A few rows in one parallel region (products split over the threads, attention over the
+    (sequence, head) pairs, barriers between) give the bits of the operator path, every
+    architecture and weight format, one sequence and two, on one thread and two."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         model = model_of(name, seed=4, vocab=40, max_position_embeddings=1024).to(dtype)
-        ref = _one_row_steps(model, fmt, False, monkeypatch)
-        got = _one_row_steps(model, fmt, True, monkeypatch)
+        ref = _row_steps(model, fmt, False, monkeypatch)
+        got = _row_steps(model, fmt, True, monkeypatch)
     finally:
         torch.set_num_threads(before)
     assert all(t is not None for t in ref[1:])
@@ -121,12 +129,12 @@ def test_the_one_row_stack_gives_the_operator_bits(name, dtype, fmt, threads, mo
         assert torch.equal(a, b), name
 
 
-def test_a_wrong_one_row_stack_is_caught(monkeypatch):
-    """The comparison above can fail: the one-row stack of a model whose second layer's
+def test_a_wrong_rows_stack_is_caught(monkeypatch):
+    """The comparison above can fail: the rows stack of a model whose second layer's
     attention output norm is changed against the operator path of the original."""
     model = model_of("llama", seed=4, vocab=40, max_position_embeddings=1024)
-    ref = _one_row_steps(model, None, False, monkeypatch)
+    ref = _row_steps(model, None, False, monkeypatch)
     with torch.no_grad():
         model.model.layers[1].post_attention_layernorm.weight.mul_(1.01)
-    got = _one_row_steps(model, None, True, monkeypatch)
+    got = _row_steps(model, None, True, monkeypatch)
     assert not torch.equal(ref[-1], got[-1])

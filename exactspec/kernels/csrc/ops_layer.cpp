@@ -72,9 +72,9 @@ const char* const kSettingNames[kSettingFields] = {
     "heads", "kv_heads", "head_dim", "scale", "act:silu,gelu_tanh",
     "kind:full_attention,sliding_attention", "eps"};
 
-// A product of one row as the one-row stack runs it (one_row_stack): the same kernel calls as
-// product() makes for one row, split over the threads on the same units (16 columns of a float
-// product, panels of 32 int8 / 16 int4 outputs), pointers read once when the layer is added
+// A product as the rows stack runs it (rows_stack): the same kernel calls as product() makes,
+// split over the threads on the same units (16 columns of a float product, panels of 32 int8 /
+// 16 int4 outputs), its pointers read once when the layer is added
 struct Prod {
   enum Kind { kParts, kW8, kW4 } kind = kParts;
   int64_t N = 0, K = 0, Kp = 0;
@@ -82,9 +82,9 @@ struct Prod {
   std::vector<Part> parts;   // kParts: the float32 / bf16 / int8 parts
   const void* w = nullptr;   // kW8 / kW4: the packed weights
   const float* scales = nullptr;
-  bool ok = false;           // a layout the one-row stack takes (else the operator path runs)
-  int64_t units() const { return kind == kParts ? (N + 15) / 16 : kind == kW8 ? (N + 31) / 32 : (N + 15) / 16; }
-  int64_t unit() const { return kind == kW8 ? 32 : 16; }
+  bool ok = false;  // a layout rows_stack takes (else the operator path runs)
+  int64_t unit() const { return kind == kW8 ? 32 : 16; }  // outputs per unit
+  int64_t units() const { return (N + unit() - 1) / unit(); }
 };
 
 Prod prod_of(at::TensorList w, const c10::optional<at::Tensor>& scales) {
@@ -92,7 +92,7 @@ Prod prod_of(at::TensorList w, const c10::optional<at::Tensor>& scales) {
   if (w.size() == 1 && w[0].dim() == 4 && w[0].scalar_type() == at::kChar && scales.has_value()) {
     p.kind = Prod::kW8;
     p.N = scales->size(0);
-    p.Kp = w[0].size(1) * 2;  // the row's K: rounded up to Kp (checked in one_row_ok)
+    p.Kp = w[0].size(1) * 2;  // the row's K: rounded up to Kp (checked in rows_ok)
     p.w = w[0].data_ptr();
   } else if (w.size() == 1 && w[0].dim() == 3 && w[0].scalar_type() == at::kByte &&
              scales.has_value()) {
@@ -148,7 +148,7 @@ struct Layer {
   std::vector<at::Tensor> down;
   c10::optional<at::Tensor> down_scales, norm_mlp_out;
   int64_t local;  // 1: a sliding-window layer (takes the local RoPE and mask), else 0
-  // for one_row_stack: the products' pointers, the norms and the bias as float32
+  // for rows_stack: the products' pointers, the norms and the bias as float32
   Prod p_qkv, p_o, p_gate_up, p_down;
   at::Tensor f_norm_in, f_q_norm, f_k_norm, f_norm_attn_out, f_norm_mlp_in, f_norm_mlp_out,
       f_qkv_bias;
@@ -312,17 +312,18 @@ struct LayerStack : torch::CustomClassHolder {
 };
 
 
-// ---- one row: the whole stack in one parallel region ----
+// ---- a few rows: the whole stack in one parallel region ----
 //
-// A one-token step of one sequence (M = 1) spends a good part of its time outside the weights'
-// bytes when each operator is its own call: about 20 tensor operations a layer and 4 parallel
-// regions (docs/performance.md, "one parallel region per stack"). one_row_stack runs the same
-// kernel calls in the same order on raw buffers, in one parallel region for every layer: the
-// products split over the threads on the units product() splits them on, attention over the
-// query heads, the elementwise operators on one thread or on each thread alike (then every
-// thread computes the same bits), a barrier where a result crosses threads. Every output is
-// computed by the same kernel call with the same inputs as on the operator path, so the same
+// A decode step (one token of a few sequences) or a verify (K + 1 tokens of one) spends a good
+// part of its time outside the weights' bytes when each operator is its own call: about 20
+// tensor operations a layer and 4-6 parallel regions (docs/performance.md, "The AMX machine,
+// fourth pass"). rows_stack runs the same kernel calls in the same order on raw buffers, in one
+// parallel region for every layer: the products split over the threads on the units product()
+// splits them on, attention over the (sequence, query head) pairs, the rows of the elementwise
+// operators over the threads or on one, a barrier where a result crosses threads. Every output
+// is computed by the same kernel call with the same inputs as on the operator path, so the same
 // bits (tests/kernels/test_decoder_stack.py).
+constexpr int64_t kRowsMax = 16;  // rows (sequences x tokens) rows_stack takes
 
 // A barrier for a team of n threads: a short spin, then the core is given away (sched_yield)
 // so that a partner without a core (a busy machine) gets one instead of a spinning thread
@@ -350,54 +351,60 @@ struct Barrier {
 
 // a thread's buffers (its own copies of what it quantizes and normalizes)
 struct RowScratch {
-  std::vector<float> xn, act, sx, scratch, partial;
+  std::vector<float> xn, sx, scratch, partial;
   std::vector<int16_t> xq;
 };
 
-// units [u0, u1) of thread t of n over `units` (as ops.cpp's Chunks: no effect on any result)
-inline void share(int64_t units, int t, int n, int64_t* u0, int64_t* u1) {
-  *u0 = units * t / n;
-  *u1 = units * (t + 1) / n;
+// [b0, b1): part t of n of [0, total) (as ops.cpp's Chunks: no effect on any result)
+inline void share(int64_t total, int t, int n, int64_t* b0, int64_t* b1) {
+  *b0 = total * t / n;
+  *b1 = total * (t + 1) / n;
 }
 
-// thread t's share of y = x P^T (+ r), x one row of K floats (its quantized copy in s when
-// P is packed), y [P.N]
-void row_product(const Isa& k, const Prod& P, const float* x, int64_t K, const float* r,
-                 float* y, RowScratch& s, int t, int n) {
+// thread t's share of y = x P^T (+ r) for M rows of K floats (x's quantized copy in s when P is
+// packed), y and r [M, P.N]
+void rows_product(const Isa& k, const Prod& P, const float* x, int64_t M, int64_t K,
+                  const float* r, float* y, RowScratch& s, int t, int n) {
   int64_t u0, u1;
   share(P.units(), t, n, &u0, &u1);
   if (u0 >= u1) return;
-  int64_t c0 = u0 * P.unit(), c1 = std::min(u1 * P.unit(), P.N);
+  const int64_t c0 = u0 * P.unit(), c1 = std::min(u1 * P.unit(), P.N), N = P.N;
   if (P.kind == Prod::kParts) {
     for (const auto& p : P.parts) {
       const int64_t r0 = std::max(c0, p.col) - p.col;
       const int64_t r1 = std::min(c1, p.col + p.rows) - p.col;
       if (r0 >= r1) continue;
-      k.linear(x, 1, K, p.w, p.wt, p.scale, y + p.col, P.N, r0, r1);
+      k.linear(x, M, K, p.w, p.wt, p.scale, y + p.col, N, r0, r1);
     }
   } else if (P.kind == Prod::kW8) {
-    k.quantize_i16(x, K, P.Kp, s.xq.data(), s.sx.data());
-    k.linear_w8a16(s.xq.data(), P.Kp, 1, P.Kp, static_cast<const int8_t*>(P.w), s.sx.data(),
-                   P.scales, y, P.N, P.N, u0, u1);
+    for (int64_t m = 0; m < M; ++m)
+      k.quantize_i16(x + m * K, K, P.Kp, s.xq.data() + m * P.Kp, s.sx.data() + m);
+    k.linear_w8a16(s.xq.data(), P.Kp, M, P.Kp, static_cast<const int8_t*>(P.w), s.sx.data(),
+                   P.scales, y, N, N, u0, u1);
   } else {
     const int64_t G = P.Kp / 32;
     int8_t* q = reinterpret_cast<int8_t*>(s.xq.data());
-    k.quantize_i8g(x, K, P.Kp, q, s.sx.data(), s.sx.data() + G);
-    k.linear_w4a8(q, P.Kp, s.sx.data(), s.sx.data() + G, 1, G,
-                  static_cast<const uint8_t*>(P.w), P.scales, y, P.N, P.N, u0, u1);
+    float* sx = s.sx.data();
+    float* xs = sx + M * G;
+    for (int64_t m = 0; m < M; ++m)
+      k.quantize_i8g(x + m * K, K, P.Kp, q + m * P.Kp, sx + m * G, xs + m * G);
+    k.linear_w4a8(q, P.Kp, sx, xs, M, G, static_cast<const uint8_t*>(P.w), P.scales, y, N, N,
+                  u0, u1);
   }
   if (r)
-    for (int64_t c = c0; c < c1; ++c) y[c] += r[c];
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t c = c0; c < c1; ++c) y[m * N + c] += r[m * N + c];
 }
 
-// whether one_row_stack takes this call (else the operator path runs, the same bits)
-bool one_row_ok(const LayerStack& stack, const at::Tensor& x, at::TensorList k_caches,
-                at::TensorList v_caches, int64_t write_start, int64_t view_len) {
-  const char* env = std::getenv("EXACTSPEC_ONE_ROW_STACK");
+// whether rows_stack takes this call (else the operator path runs, the same bits)
+bool rows_ok(const LayerStack& stack, const at::Tensor& x, at::TensorList k_caches,
+             at::TensorList v_caches, int64_t write_start, int64_t view_len, int64_t batch) {
+  const char* env = std::getenv("EXACTSPEC_ROWS_STACK");
   if (env && env[0] == '0') return false;
-  if (x.dim() != 2 || x.size(0) != 1 || x.scalar_type() != at::kFloat || write_start < 0)
+  if (x.dim() != 2 || x.size(0) < 1 || x.size(0) > kRowsMax || x.scalar_type() != at::kFloat ||
+      write_start < 0 || batch < 1 || x.size(0) % batch != 0)
     return false;
-  const int64_t H = x.size(1);
+  const int64_t H = x.size(1), T = x.size(0) / batch;
   for (size_t i = 0; i < stack.layers.size(); ++i) {
     const Layer& L = stack.layers[i];
     const at::Tensor& kc = k_caches[i];
@@ -417,52 +424,62 @@ bool one_row_ok(const LayerStack& stack, const at::Tensor& x, at::TensorList k_c
                                          : pk.first->Kp != (pk.second + 31) / 32 * 32)
         return false;
     if (kc.scalar_type() != at::kFloat || vc.scalar_type() != at::kFloat || kc.dim() != 4 ||
-        kc.size(0) != 1 || kc.size(1) != kv || kc.size(3) != d || vc.sizes() != kc.sizes() ||
+        kc.size(0) != batch || kc.size(1) != kv || kc.size(3) != d || vc.sizes() != kc.sizes() ||
         kc.strides() != vc.strides() || kc.stride(3) != 1 || view_len > kc.size(2) ||
-        write_start >= view_len)
+        write_start + T > view_len)
       return false;
     if (L.f_qkv_bias.defined() && L.f_qkv_bias.numel() != L.p_qkv.N) return false;
   }
   return true;
 }
 
-// a query's view of one mask [1, 1, 1, S] / [1, 1, S] bool (or none): its row, its last key
-struct RowMask {
-  at::Tensor keep;  // the contiguous row, alive while the stack runs
-  const uint8_t* row = nullptr;
-  int64_t last = -1;
+// the queries' view of one mask [B, 1, T, S] / [B, T, S] bool (or none): per row (b, t), its
+// mask row (null: every key up to its last) and its last visible key
+struct RowsMask {
+  at::Tensor keep;  // the contiguous rows, alive while the stack runs
+  std::vector<const uint8_t*> row;
+  std::vector<int64_t> last;
+  int64_t runs_max = 1;
 };
-RowMask row_mask(const c10::optional<at::Tensor>& mask, int64_t S) {
-  RowMask m;
-  const uint8_t* p = nullptr;
+RowsMask rows_mask(const c10::optional<at::Tensor>& mask, int64_t B, int64_t T, int64_t S) {
+  RowsMask m;
+  m.row.assign(B * T, nullptr);
+  m.last.assign(B * T, S - 1);
   if (mask.has_value()) {
     at::Tensor t = *mask;
     if (t.dim() == 4) t = t.select(1, 0);
-    TORCH_CHECK(t.scalar_type() == at::kBool && t.dim() == 3 && t.size(0) == 1 &&
-                    t.size(1) == 1 && t.size(2) == S, "attention: mask must be bool [B, T, S]");
-    m.keep = t.reshape({S}).contiguous();
-    p = reinterpret_cast<const uint8_t*>(m.keep.data_ptr<bool>());
+    TORCH_CHECK(t.scalar_type() == at::kBool && t.dim() == 3 && t.size(0) == B &&
+                    t.size(1) == T && t.size(2) == S, "attention: mask must be bool [B, T, S]");
+    m.keep = t.contiguous();
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(m.keep.data_ptr<bool>());
+    for (int64_t r = 0; r < B * T; ++r) {
+      bool dense;
+      m.last[r] = last_visible(p + r * S, S, &dense);
+      m.row[r] = dense ? nullptr : p + r * S;
+    }
   }
-  bool dense;
-  m.last = last_visible(p, S, &dense);
-  m.row = dense ? nullptr : p;
+  for (int64_t r = 0; r < B * T; ++r)
+    m.runs_max = std::max(m.runs_max, m.last[r] < 0 ? int64_t{1} : m.last[r] / kAttnRun + 1);
   return m;
 }
 
-std::vector<at::Tensor> one_row_stack(
+std::vector<at::Tensor> rows_stack(
     const LayerStack& stack, const at::Tensor& x_, const at::Tensor& cos_, const at::Tensor& sin_,
     const c10::optional<at::Tensor>& cos_local, const c10::optional<at::Tensor>& sin_local,
     at::TensorList k_caches, at::TensorList v_caches, int64_t write_start, int64_t view_len,
     const c10::optional<at::Tensor>& mask, const c10::optional<at::Tensor>& mask_local,
-    at::IntArrayRef keep) {
+    int64_t B, at::IntArrayRef keep) {
   const Isa& k = current_unit();
-  const int64_t H = x_.size(1), nl = static_cast<int64_t>(stack.layers.size());
+  const int64_t M = x_.size(0), T = M / B, H = x_.size(1);
+  const int64_t nl = static_cast<int64_t>(stack.layers.size());
   const at::Tensor cos = cos_.contiguous(), sin = sin_.contiguous();
   at::Tensor cosl, sinl;
   if (cos_local.has_value()) cosl = cos_local->contiguous(), sinl = sin_local->contiguous();
-  const RowMask mg = row_mask(mask, view_len);
-  const RowMask ml = mask_local.has_value() ? row_mask(mask_local, view_len) : mg;
-  int64_t qkv_max = 0, hd_max = 0, kv_max = 0, i2_max = 0, k_max = H, d_max = 0;
+  const RowsMask mg = rows_mask(mask, B, T, view_len);
+  const RowsMask ml = mask_local.has_value() ? rows_mask(mask_local, B, T, view_len) : mg;
+  TORCH_CHECK(std::max(mg.runs_max, ml.runs_max) <= kAttnMaxRuns, "attention: at most ",
+              kAttnMaxRuns * kAttnRun, " keys, got ", view_len);
+  int64_t qkv_max = 0, hd_max = 0, kv_max = 0, i2_max = 0, k_max = H, h_max = 0, d_max = 0;
   for (const Layer& L : stack.layers) {
     TORCH_CHECK(!L.local || (cosl.defined() && sinl.defined()),
                 "decoder_stack: a sliding-window layer needs the local RoPE");
@@ -470,173 +487,186 @@ std::vector<at::Tensor> one_row_stack(
     const at::Tensor& c = L.local ? cosl : cos;
     const at::Tensor& sn = L.local ? sinl : sin;
     TORCH_CHECK(c.scalar_type() == at::kFloat && sn.scalar_type() == at::kFloat &&
-                    c.dim() == 2 && c.size(0) == 1 && c.size(1) == d && sn.sizes() == c.sizes(),
-                "rope: cos / sin must be float32 [1, ", d, "]");
-    const RowMask& m = L.local ? ml : mg;
-    TORCH_CHECK((m.last < 0 ? 1 : m.last / kAttnRun + 1) <= kAttnMaxRuns, "attention: at most ",
-                kAttnMaxRuns * kAttnRun, " keys, got ", view_len);
+                    c.dim() == 2 && c.size(0) == M && c.size(1) == d && sn.sizes() == c.sizes(),
+                "rope: cos / sin must be float32 [", M, ", ", d, "]");
     qkv_max = std::max(qkv_max, L.p_qkv.N);
     hd_max = std::max(hd_max, L.heads * d);
     kv_max = std::max(kv_max, L.kv_heads * d);
     i2_max = std::max(i2_max, L.p_gate_up.N);
+    h_max = std::max(h_max, L.heads);
     d_max = std::max(d_max, d);
-    for (const Prod* P : {&L.p_qkv, &L.p_o, &L.p_gate_up, &L.p_down}) k_max = std::max(k_max, P->Kp);
+    for (const Prod* P : {&L.p_qkv, &L.p_o, &L.p_gate_up, &L.p_down})
+      k_max = std::max(k_max, P->Kp);
   }
   std::vector<at::Tensor> out(1);
-  size_t next = 0;
   std::vector<float*> keep_at(nl, nullptr);
-  for (; next < keep.size(); ++next) {
-    TORCH_CHECK(keep[next] >= 0 && keep[next] < nl && (next == 0 || keep[next] > keep[next - 1]),
+  for (size_t i = 0; i < keep.size(); ++i) {
+    TORCH_CHECK(keep[i] >= 0 && keep[i] < nl && (i == 0 || keep[i] > keep[i - 1]),
                 "decoder_stack: keep must be increasing layer indices < ", nl);
-    out.push_back(at::empty({1, H}, x_.options()));
-    keep_at[keep[next]] = out.back().data_ptr<float>();
+    out.push_back(at::empty({M, H}, x_.options()));
+    keep_at[keep[i]] = out.back().data_ptr<float>();
   }
-  at::Tensor result = at::empty({1, H}, x_.options());
-  // the shared row buffers: x (two, in turn), the q/k/v row, q and k after their norms, the
-  // attention's output, a product's output before a sandwich norm, the gate/up row
-  std::vector<float> xa(H), xb(H), y(qkv_max), qn(hd_max), kn(kv_max), a(hd_max), yo(H),
-      out_row(H), g(i2_max);
-  std::memcpy(xa.data(), x_.contiguous().data_ptr<float>(), H * sizeof(float));
+  at::Tensor result = at::empty({M, H}, x_.options());
+  // the shared rows: x (two, in turn), q/k/v, q and k after their norms, the attention's output,
+  // a product's output before a sandwich norm, the residual stream after attention, gate/up, the
+  // activation
+  std::vector<float> xa(M * H), xb(M * H), y(M * qkv_max), qn(M * hd_max), kn(M * kv_max),
+      a(M * hd_max), yo(M * H), mid(M * H), g(M * i2_max), act(M * i2_max / 2);
+  std::memcpy(xa.data(), x_.contiguous().data_ptr<float>(), M * H * sizeof(float));
   Barrier bar;
   const int threads = at::in_parallel_region() ? 1 : std::max(1, at::get_num_threads());
 
   auto body = [&](int t, int n) {
     thread_local RowScratch s;
-    s.xn.resize(std::max(H, i2_max));
-    s.act.resize(i2_max);
-    s.xq.resize(k_max);
-    s.sx.resize(2 * (k_max / 32 + 1));
+    s.xn.resize(M * std::max(H, d_max * h_max));
+    s.xq.resize(M * k_max);
+    s.sx.resize(2 * M * (k_max / 32 + 1));
     s.scratch.resize(64 * (kAttnRun + 32));
     float* x = xa.data();
     float* xnext = xb.data();
+    int64_t r0, r1;  // this thread's rows of the elementwise operators
+    share(M, t, n, &r0, &r1);
     for (int64_t li = 0; li < nl; ++li) {
       const Layer& L = stack.layers[li];
       const float eps = static_cast<float>(L.eps);
       const int64_t h = L.heads, kv = L.kv_heads, d = L.head_dim, rep = h / kv;
-      if (t == 0 && keep_at[li]) std::memcpy(keep_at[li], x, H * sizeof(float));
+      const int64_t N = L.p_qkv.N, I = L.p_gate_up.N / 2;
+      if (t == 0 && keep_at[li]) std::memcpy(keep_at[li], x, M * H * sizeof(float));
       // q, k, v
-      k.rms_norm(x, L.f_norm_in.data_ptr<float>(), eps, H, s.xn.data(), 0, 1);
-      row_product(k, L.p_qkv, s.xn.data(), H, nullptr, y.data(), s, t, n);
+      k.rms_norm(x, L.f_norm_in.data_ptr<float>(), eps, H, s.xn.data(), 0, M);
+      rows_product(k, L.p_qkv, s.xn.data(), M, H, nullptr, y.data(), s, t, n);
       if (L.f_qkv_bias.defined()) {
         int64_t u0, u1;
         share(L.p_qkv.units(), t, n, &u0, &u1);
-        const float* b = L.f_qkv_bias.data_ptr<float>();
-        for (int64_t c = u0 * L.p_qkv.unit(); c < std::min(u1 * L.p_qkv.unit(), L.p_qkv.N); ++c)
-          y[c] = y[c] + b[c];
+        const float* bias = L.f_qkv_bias.data_ptr<float>();
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t c = u0 * L.p_qkv.unit(); c < std::min(u1 * L.p_qkv.unit(), N); ++c)
+            y[m * N + c] = y[m * N + c] + bias[c];
       }
       bar.wait(n);
-      // q / k norms, RoPE, the cache's new slot (one thread)
+      // q / k norms, RoPE and the cache's new slots, for this thread's rows
       const float* cp = (L.local ? cosl : cos).data_ptr<float>();
       const float* sp = (L.local ? sinl : sin).data_ptr<float>();
-      const float* q;
-      const float* kr;
-      if (L.f_q_norm.defined()) {
-        q = qn.data();
-        kr = kn.data();
-      } else {
-        q = y.data();
-        kr = y.data() + h * d;
-      }
+      const bool qk_norm = L.f_q_norm.defined();
+      const float* q = qk_norm ? qn.data() : y.data();
+      const float* kr = qk_norm ? kn.data() : y.data() + h * d;
+      const int64_t ldq = qk_norm ? h * d : N, ldk = qk_norm ? kv * d : N;
       const at::Tensor& kc = k_caches[li];
       const at::Tensor& vc = v_caches[li];
       float* kcp = kc.data_ptr<float>();
       float* vcp = vc.data_ptr<float>();
-      const int64_t ks1 = kc.stride(1), ks2 = kc.stride(2);
-      if (t == 0) {
-        if (L.f_q_norm.defined()) {
-          k.rms_norm(y.data(), L.f_q_norm.data_ptr<float>(), eps, d, qn.data(), 0, h);
-          k.rms_norm(y.data() + h * d, L.f_k_norm.data_ptr<float>(), eps, d, kn.data(), 0, kv);
-          k.rope(qn.data(), h * d, h, d, cp, sp, 0, 1);
-          k.rope(kn.data(), kv * d, kv, d, cp, sp, 0, 1);
-        } else {
-          k.rope(y.data(), L.p_qkv.N, h + kv, d, cp, sp, 0, 1);
+      const int64_t ks0 = kc.stride(0), ks1 = kc.stride(1), ks2 = kc.stride(2);
+      if (qk_norm) {
+        for (int64_t m = r0; m < r1; ++m) {
+          k.rms_norm(y.data() + m * N, L.f_q_norm.data_ptr<float>(), eps, d, qn.data() + m * h * d,
+                     0, h);
+          k.rms_norm(y.data() + m * N + h * d, L.f_k_norm.data_ptr<float>(), eps, d,
+                     kn.data() + m * kv * d, 0, kv);
         }
+        k.rope(qn.data(), h * d, h, d, cp, sp, r0, r1);
+        k.rope(kn.data(), kv * d, kv, d, cp, sp, r0, r1);
+      } else {
+        k.rope(y.data(), N, h + kv, d, cp, sp, r0, r1);
+      }
+      for (int64_t m = r0; m < r1; ++m) {
+        const int64_t b = m / T, slot = write_start + m % T;
         for (int64_t gi = 0; gi < kv; ++gi) {
-          std::memcpy(kcp + gi * ks1 + write_start * ks2, kr + gi * d, d * sizeof(float));
-          std::memcpy(vcp + gi * ks1 + write_start * ks2, y.data() + (h + kv + gi) * d,
+          std::memcpy(kcp + b * ks0 + gi * ks1 + slot * ks2, kr + m * ldk + gi * d,
+                      d * sizeof(float));
+          std::memcpy(vcp + b * ks0 + gi * ks1 + slot * ks2, y.data() + m * N + (h + kv + gi) * d,
                       d * sizeof(float));
         }
       }
       bar.wait(n);
-      // attention: this thread's query heads, those of one key/value head as one group
+      // attention: this thread's (sequence, query head) pairs; the heads of one key/value head
+      // at every position as one group of queries (at most 64)
       {
-        const RowMask& m = L.local ? ml : mg;
-        const int64_t runs = m.last < 0 ? 1 : m.last / kAttnRun + 1, stride = d + 2;
-        s.partial.resize(runs * rep * stride);
-        const int64_t h0 = h * t / n, h1 = h * (t + 1) / n;
-        for (int64_t hs = h0; hs < h1;) {
-          const int64_t gi = hs / rep, he = std::min(h1, (gi + 1) * rep), nq = he - hs;
-          const float* qs[64];
-          const uint8_t* ms[64];
-          int64_t rel[64];
-          float* acc[64];
-          float top[64], sum[64];
-          for (int64_t r = 0; r < runs; ++r) {
-            const int64_t j0 = r * kAttnRun;
-            float* part = s.partial.data() + r * rep * stride;
+        const RowsMask& msk = L.local ? ml : mg;
+        const int64_t stride = d + 2;
+        s.partial.resize(msk.runs_max * 64 * stride);
+        int64_t i0, i1;
+        share(B * h, t, n, &i0, &i1);
+        for (int64_t i = i0; i < i1;) {
+          const int64_t b = i / h, hs = i % h, gi = hs / rep;
+          const int64_t he = std::min(std::min(i1 - b * h, h), (gi + 1) * rep);
+          const int64_t nh = he - hs, tb = std::max<int64_t>(1, 64 / nh);
+          for (int64_t p0 = 0; p0 < T; p0 += tb) {
+            const int64_t p1 = std::min(T, p0 + tb), nq = (p1 - p0) * nh;
+            const float* qs[64];
+            const uint8_t* ms[64];
+            int64_t rel[64], row[64], head[64], runs = 1;
+            float* acc[64];
+            float top[64], sum[64];
             for (int64_t u = 0; u < nq; ++u) {
-              qs[u] = q + (hs + u) * d;
-              ms[u] = m.row ? m.row + j0 : nullptr;
-              rel[u] = std::min(m.last, j0 + kAttnRun - 1) - j0;
-              acc[u] = part + u * stride + 2;
+              row[u] = b * T + p0 + u / nh;
+              head[u] = hs + u % nh;
+              const int64_t l = msk.last[row[u]];
+              runs = std::max(runs, l < 0 ? int64_t{1} : l / kAttnRun + 1);
             }
-            const int64_t off = gi * ks1 + j0 * ks2;
-            k.attend_run(nq, qs, ms, rel, kcp + off, vcp + off, ks2, d,
-                         static_cast<float>(L.scale), s.scratch.data(), kAttnRun + 32, top, sum,
-                         acc);
-            for (int64_t u = 0; u < nq; ++u) {
-              part[u * stride] = top[u];
-              part[u * stride + 1] = sum[u];
-            }
-          }
-          for (int64_t u = 0; u < nq; ++u) {
-            float rt[kAttnMaxRuns], rs[kAttnMaxRuns];
-            const float* ra[kAttnMaxRuns];
             for (int64_t r = 0; r < runs; ++r) {
-              const float* p = s.partial.data() + r * rep * stride + u * stride;
-              rt[r] = p[0];
-              rs[r] = p[1];
-              ra[r] = p + 2;
+              const int64_t j0 = r * kAttnRun;
+              float* part = s.partial.data() + r * 64 * stride;
+              for (int64_t u = 0; u < nq; ++u) {
+                qs[u] = q + row[u] * ldq + head[u] * d;
+                ms[u] = msk.row[row[u]] ? msk.row[row[u]] + j0 : nullptr;
+                rel[u] = std::min(msk.last[row[u]], j0 + kAttnRun - 1) - j0;
+                acc[u] = part + u * stride + 2;
+              }
+              const int64_t off = b * ks0 + gi * ks1 + j0 * ks2;
+              k.attend_run(nq, qs, ms, rel, kcp + off, vcp + off, ks2, d,
+                           static_cast<float>(L.scale), s.scratch.data(), kAttnRun + 32, top,
+                           sum, acc);
+              for (int64_t u = 0; u < nq; ++u) {
+                part[u * stride] = top[u];
+                part[u * stride + 1] = sum[u];
+              }
             }
-            k.attend_finish(runs, rt, rs, ra, d, a.data() + (hs + u) * d);
+            for (int64_t u = 0; u < nq; ++u) {
+              const int64_t l = msk.last[row[u]], qruns = l < 0 ? 1 : l / kAttnRun + 1;
+              float rt[kAttnMaxRuns], rs[kAttnMaxRuns];
+              const float* ra[kAttnMaxRuns];
+              for (int64_t r = 0; r < qruns; ++r) {
+                const float* pp = s.partial.data() + r * 64 * stride + u * stride;
+                rt[r] = pp[0];
+                rs[r] = pp[1];
+                ra[r] = pp + 2;
+              }
+              k.attend_finish(qruns, rt, rs, ra, d, a.data() + row[u] * h * d + head[u] * d);
+            }
           }
-          hs = he;
+          i = b * h + he;
         }
       }
       bar.wait(n);
       // the output product and its residual
       if (L.f_norm_attn_out.defined()) {
-        row_product(k, L.p_o, a.data(), h * d, nullptr, yo.data(), s, t, n);
+        rows_product(k, L.p_o, a.data(), M, h * d, nullptr, yo.data(), s, t, n);
         bar.wait(n);
-        if (t == 0) {
-          k.rms_norm(yo.data(), L.f_norm_attn_out.data_ptr<float>(), eps, H, s.xn.data(), 0, 1);
-          for (int64_t c = 0; c < H; ++c) out_row[c] = x[c] + s.xn[c];
-        }
+        k.rms_norm(yo.data(), L.f_norm_attn_out.data_ptr<float>(), eps, H, s.xn.data(), r0, r1);
+        for (int64_t c = r0 * H; c < r1 * H; ++c) mid[c] = x[c] + s.xn[c];
       } else {
-        row_product(k, L.p_o, a.data(), h * d, x, out_row.data(), s, t, n);
+        rows_product(k, L.p_o, a.data(), M, h * d, x, mid.data(), s, t, n);
       }
       bar.wait(n);
       // the MLP
-      const int64_t I = L.p_gate_up.N / 2;
-      k.rms_norm(out_row.data(), L.f_norm_mlp_in.data_ptr<float>(), eps, H, s.xn.data(), 0, 1);
-      row_product(k, L.p_gate_up, s.xn.data(), H, nullptr, g.data(), s, t, n);
+      k.rms_norm(mid.data(), L.f_norm_mlp_in.data_ptr<float>(), eps, H, s.xn.data(), 0, M);
+      rows_product(k, L.p_gate_up, s.xn.data(), M, H, nullptr, g.data(), s, t, n);
       bar.wait(n);
-      if (L.act == 0) k.silu_mul(g.data(), I, s.act.data(), 0, 1);
-      else k.gelu_tanh_mul(g.data(), I, s.act.data(), 0, 1);
+      if (L.act == 0) k.silu_mul(g.data(), I, act.data(), r0, r1);
+      else k.gelu_tanh_mul(g.data(), I, act.data(), r0, r1);
+      bar.wait(n);
       if (L.f_norm_mlp_out.defined()) {
-        row_product(k, L.p_down, s.act.data(), I, nullptr, yo.data(), s, t, n);
+        rows_product(k, L.p_down, act.data(), M, I, nullptr, yo.data(), s, t, n);
         bar.wait(n);
-        if (t == 0) {
-          k.rms_norm(yo.data(), L.f_norm_mlp_out.data_ptr<float>(), eps, H, s.xn.data(), 0, 1);
-          for (int64_t c = 0; c < H; ++c) xnext[c] = out_row[c] + s.xn[c];
-        }
+        k.rms_norm(yo.data(), L.f_norm_mlp_out.data_ptr<float>(), eps, H, s.xn.data(), r0, r1);
+        for (int64_t c = r0 * H; c < r1 * H; ++c) xnext[c] = mid[c] + s.xn[c];
       } else {
-        row_product(k, L.p_down, s.act.data(), I, out_row.data(), xnext, s, t, n);
+        rows_product(k, L.p_down, act.data(), M, I, mid.data(), xnext, s, t, n);
       }
       bar.wait(n);
       std::swap(x, xnext);
     }
-    if (t == 0) std::memcpy(result.data_ptr<float>(), x, H * sizeof(float));
+    if (t == 0) std::memcpy(result.data_ptr<float>(), x, M * H * sizeof(float));
   };
   if (threads == 1) {
     body(0, 1);
@@ -662,9 +692,9 @@ std::vector<at::Tensor> decoder_stack(
   TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == n &&
                   static_cast<int64_t>(v_caches.size()) == n,
               "decoder_stack: one key and one value buffer per layer (", n, ")");
-  if (one_row_ok(*stack, x_, k_caches, v_caches, write_start, view_len))
-    return one_row_stack(*stack, x_, cos, sin, cos_local, sin_local, k_caches, v_caches,
-                         write_start, view_len, mask, mask_local, keep);
+  if (rows_ok(*stack, x_, k_caches, v_caches, write_start, view_len, batch))
+    return rows_stack(*stack, x_, cos, sin, cos_local, sin_local, k_caches, v_caches,
+                      write_start, view_len, mask, mask_local, batch, keep);
   const Step st{batch, write_start, view_len, &write_index};
   std::vector<at::Tensor> out(1);
   at::Tensor x = x_;
