@@ -183,6 +183,120 @@ static void linear_conv(const float* x, int64_t M, int64_t K, const void* w, con
   }
 }
 
+
+// ---- prefill: the same sums with the lanes along the outputs ----
+//
+// The tile above keeps, for each output, 16 lane sums (lane l: the products of inputs k = l,
+// l + 16, l + 32, ... added in k order by fused multiply-adds) and adds them by vhsum's tree.
+// At prefill widths the same 16 sums are computed with the lanes along 16 outputs instead:
+// "class" l of an output is its lane-l sum, accumulated over the same k in the same order by
+// the same fused multiply-adds (x[k] broadcast against 16 outputs' weights), the classes one
+// after another, then combined by vhsum's tree elementwise ((c0 + c8) + (c4 + c12)) + ...; the
+// same bits as the tile's, with no horizontal sum and a weight panel packed once per call
+// (float32, classes of K16 / 16 rows of 16 * ES_BC_NV outputs: its K's tail padded with zeros,
+// which x's padding meets as the tile's zero-padded tail does).
+template <int MR, int NV>
+static void bc_block(const float* x, int64_t ldx, const float* wp, int64_t kc, float* y,
+                     int64_t ldy, int64_t nvalid, const float* scale) {
+  // the classes in the order of vhsum's tree (0, 8 | 4, 12 || 2, 10 | 6, 14 ||| 1, 9 ...), each
+  // combined as soon as its partner is done: level q holds a sum of 2^q classes waiting for the
+  // next (the adds of the tree, no more than 4 x MR x NV vectors kept)
+  static constexpr int kOrder[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+  V wait[4][MR][NV];
+  for (int t = 0; t < 16; ++t) {
+    const int l = kOrder[t];
+    V acc[MR][NV];
+    ES_UNROLL for (int i = 0; i < MR; ++i)
+      ES_UNROLL for (int v = 0; v < NV; ++v) acc[i][v] = vzero();
+    const float* w = wp + l * kc * 16 * NV;
+    const float* xl = x + l;
+    for (int64_t j = 0; j < kc; ++j) {
+      V wv[NV];
+      ES_UNROLL for (int v = 0; v < NV; ++v) wv[v] = vload(w + (j * NV + v) * 16);
+      ES_UNROLL for (int i = 0; i < MR; ++i) {
+        const V xb = vset1(xl[i * ldx + 16 * j]);
+        ES_UNROLL for (int v = 0; v < NV; ++v) acc[i][v] = vfma(xb, wv[v], acc[i][v]);
+      }
+    }
+    int q = 0;
+    for (; q < 4 && ((t >> q) & 1); ++q)  // this sum's partner waits at level q: add them
+      ES_UNROLL for (int i = 0; i < MR; ++i)
+        ES_UNROLL for (int v = 0; v < NV; ++v) acc[i][v] = vadd(wait[q][i][v], acc[i][v]);
+    if (q < 4) {
+      ES_UNROLL for (int i = 0; i < MR; ++i)
+        ES_UNROLL for (int v = 0; v < NV; ++v) wait[q][i][v] = acc[i][v];
+      continue;
+    }
+    ES_UNROLL for (int i = 0; i < MR; ++i)  // t = 15: every class added
+      ES_UNROLL for (int v = 0; v < NV; ++v) {
+        V s1 = acc[i][v];
+        const int64_t n0 = 16 * v, r = nvalid - n0;
+        if (r <= 0) continue;
+        if (scale) s1 = vmul(s1, r >= 16 ? vload(scale + n0) : loadx_tail(scale + n0, r));
+        if (r >= 16) {
+          vstore(y + i * ldy + n0, s1);
+        } else {
+          float out[16];
+          vstore(out, s1);
+          for (int64_t c = 0; c < r; ++c) y[i * ldy + n0 + c] = out[c];
+        }
+      }
+  }
+}
+
+typedef void (*BcFn)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
+                     const float*);
+template <int... MR>
+static constexpr auto bc_table(std::integer_sequence<int, MR...>) {
+  return std::array<BcFn, sizeof...(MR)>{bc_block<MR + 1, ES_BC_NV>...};
+}
+
+// y[m, n] for the outputs [n0, n1) of every row m < M through bc_block: a panel of 16 * ES_BC_NV
+// outputs packed at a time (then every row of x meets it in blocks of ES_BC_MR rows); x padded
+// to K16 columns when K is not a multiple of 16
+template <int WT>
+static void linear_bc(const float* x, int64_t M, int64_t K, const void* w, const float* scale,
+                      float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  static constexpr auto table = bc_table(std::make_integer_sequence<int, ES_BC_MR>());
+  constexpr int64_t NP = 16 * ES_BC_NV;
+  const int64_t K16 = (K + 15) / 16 * 16, kc = K16 / 16;
+  thread_local std::vector<float> panel, xpad;
+  if (static_cast<int64_t>(panel.size()) < K16 * NP) panel.resize(K16 * NP);
+  const float* xs = x;
+  int64_t ldx = K;
+  if (K16 != K) {
+    if (static_cast<int64_t>(xpad.size()) < M * K16) xpad.resize(M * K16);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K16; ++k) xpad[m * K16 + k] = k < K ? x[m * K + k] : 0.0f;
+    xs = xpad.data();
+    ldx = K16;
+  }
+  float* wp = panel.data();
+  for (int64_t nb = n0; nb < n1; nb += NP) {
+    const int64_t nv = n1 - nb < NP ? n1 - nb : NP;
+    // pack: wp[(l * kc + j) * NP + c] = w[nb + c, 16 j + l] (zeros past K and past n1)
+    for (int64_t c = 0; c < NP; ++c) {
+      float row[16];
+      for (int64_t k = 0; k < K16; k += 16) {
+        if (c < nv) {
+          const V v = k + 16 <= K ? loadw<WT>(w, (nb + c) * K + k)
+                                  : loadw_tail<WT>(w, (nb + c) * K + k, K - k);
+          vstore(row, v);
+        } else {
+          for (int q = 0; q < 16; ++q) row[q] = 0.0f;
+        }
+        const int64_t j = k / 16;
+        for (int l = 0; l < 16; ++l) wp[(l * kc + j) * NP + c] = row[l];
+      }
+    }
+    const float* sc = scale ? scale + nb : nullptr;
+    for (int64_t m = 0; m < M; m += ES_BC_MR) {
+      const int64_t mr = M - m < ES_BC_MR ? M - m : ES_BC_MR;
+      table[mr - 1](xs + m * ldx, ldx, wp, kc, y + m * ldy + nb, ldy, nv, sc);
+    }
+  }
+}
+
 template <int WT>
 static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const float* scale,
                      float* y, int64_t ldy, int64_t n0, int64_t n1) {
@@ -205,6 +319,10 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
         tile<WT, 1, NR1>(x + m * K, K, w, scale, y + m * ldy, ldy, n,
                          m == 0 ? ES_AHEAD1 : 0);
     n0 = n;
+  }
+  if (M >= ES_BC_ROWS) {  // prefill: lanes along the outputs, the same sums
+    linear_bc<WT>(x, M, K, w, scale, y, ldy, n0, n1);
+    return;
   }
   if (WT != W_F32 && M > ES_CONV_ONCE) {  // bf16 / int8 weights, long prefill
     linear_conv<WT>(x, M, K, w, scale, y, ldy, n0, n1);

@@ -46,6 +46,34 @@ static inline V scores16(const float* q, const float* k, int64_t ldk, int64_t j0
   return vmul(vload(out), vset1(scale));
 }
 
+// scores16 for Q queries (2 or 4) against the same 16 keys (d a multiple of 16): each key's
+// vector loaded once for the Q queries, 16 / Q keys x Q queries in 16 accumulators at a time;
+// every score the same chain of multiply-adds and the same vhsum16 tree as scores16's, so the
+// same bits. s[u]: query u's 16 scores times scale
+template <int Q>
+static inline void scores16xq(const float* const* q, const float* k, int64_t ldk, int64_t j0,
+                              int64_t d, float scale, V* s) {
+  constexpr int P = 16 / Q;  // keys per pass
+  float sc[Q][16];
+  for (int h = 0; h < Q; ++h) {
+    V acc[16];
+    ES_UNROLL for (int t = 0; t < 16; ++t) acc[t] = vzero();
+    for (int64_t c = 0; c < d; c += 16) {
+      V qv[Q];
+      ES_UNROLL for (int u = 0; u < Q; ++u) qv[u] = vload(q[u] + c);
+      ES_UNROLL for (int t = 0; t < P; ++t) {
+        const V kv = vload(k + (j0 + P * h + t) * ldk + c);
+        ES_UNROLL for (int u = 0; u < Q; ++u) acc[u * P + t] = vfma(qv[u], kv, acc[u * P + t]);
+      }
+    }
+    float out[16];
+    vhsum16(acc, out);
+    for (int u = 0; u < Q; ++u)
+      for (int t = 0; t < P; ++t) sc[u][P * h + t] = out[u * P + t];
+  }
+  for (int u = 0; u < Q; ++u) s[u] = vmul(vload(sc[u]), vset1(scale));
+}
+
 // acc_g += e_g[j] v_j over the visible keys j <= last_g, in key order, for G queries and the
 // chunks [c0, c0 + 16 CW) of d (in registers), then stored (attend_finish divides)
 template <int G, int CW>
@@ -55,9 +83,25 @@ static void values_tile(const float* const* e, const uint8_t* const* vis, const 
   ES_UNROLL for (int g = 0; g < G; ++g)
     ES_UNROLL for (int c = 0; c < CW; ++c) acc[g][c] = vzero();
   const int64_t width = d - c0 < 16 * CW ? d - c0 : 16 * CW;
-  int64_t L = -1;
-  for (int g = 0; g < G; ++g) L = last[g] > L ? last[g] : L;
-  for (int64_t j = 0; j <= L; ++j) {
+  int64_t L = -1, common = INT64_MAX;  // keys up to `common`: every query sees them
+  bool masked = false;
+  for (int g = 0; g < G; ++g) {
+    L = last[g] > L ? last[g] : L;
+    common = last[g] < common ? last[g] : common;
+    masked = masked || vis[g];
+  }
+  int64_t j = 0;
+  if (!masked && width == 16 * CW)  // no query skips a key below `common`: no test per query
+    for (; j <= common; ++j) {
+      const float* vj = v + j * ldk + c0;
+      V vv[CW];
+      ES_UNROLL for (int c = 0; c < CW; ++c) vv[c] = vload(vj + 16 * c);
+      ES_UNROLL for (int g = 0; g < G; ++g) {
+        const V p = vset1(e[g][j]);
+        ES_UNROLL for (int c = 0; c < CW; ++c) acc[g][c] = vfma(p, vv[c], acc[g][c]);
+      }
+    }
+  for (; j <= L; ++j) {
     const float* vj = v + j * ldk + c0;
     V vv[CW];
     ES_UNROLL for (int c = 0; c < CW; ++c) {
@@ -136,6 +180,22 @@ static void attend_run(int64_t nq, const float* const* qs, const uint8_t* const*
   for (int64_t j0 = 0; j0 <= L; j0 += 16) {
     for (int64_t i = 0; i < nq; ++i) {
       if (j0 > last[i]) continue;
+      // queries that all see the whole block: their scores at once, 4 or 2 of them
+      int64_t run = 0;
+      if (d % 16 == 0)
+        while (run < 4 && i + run < nq && !mask[i + run] && j0 + 15 <= last[i + run]) ++run;
+      if (run >= 2) {
+        const int qn = run == 4 ? 4 : 2;
+        V sq[4];
+        if (qn == 4) scores16xq<4>(qs + i, k, ldk, j0, d, scale, sq);
+        else scores16xq<2>(qs + i, k, ldk, j0, d, scale, sq);
+        for (int u = 0; u < qn; ++u) {
+          vstore(e[i + u] + j0, sq[u]);
+          mx[i + u] = vmax(sq[u], mx[i + u]);
+        }
+        i += qn - 1;
+        continue;
+      }
       const int64_t n = last[i] + 1 - j0 < 16 ? last[i] + 1 - j0 : 16;
       const V sv = scores16(qs[i], k, ldk, j0, n, d, scale);
       float* s = e[i] + j0;

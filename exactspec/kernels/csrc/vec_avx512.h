@@ -82,6 +82,11 @@ static inline void vhsum16(const V* a, float* out) {
 #define ES_NB 16  // weight rows per block, up to 16 rows of x
 #define ES_NB_LARGE 16  // ... from 17 rows of x
 #define ES_MB 64  // rows of x per chunk
+// prefill (impl.h's linear_bc; no effect on any result): from this many rows of x, panels of
+// 16 * ES_BC_NV outputs against blocks of ES_BC_MR rows (ES_BC_MR x ES_BC_NV accumulators)
+#define ES_BC_ROWS 32
+#define ES_BC_MR 8
+#define ES_BC_NV 3
 #define ES_AHEAD_F32 2  // float32 weight rows ahead that the one-row stream prefetches
 #define ES_PF_LOC1 2  // ... and the one-row tiles, into L2 (prefetcht1; into L1: no faster here)
 #define ES_PF_LOC 2  // prefetch into L2 (prefetcht1): into L1 it evicts x (several rows)
