@@ -512,6 +512,7 @@ std::vector<at::Tensor> rows_stack(
   // activation
   std::vector<float> xa(M * H), xb(M * H), y(M * qkv_max), qn(M * hd_max), kn(M * kv_max),
       a(M * hd_max), yo(M * H), mid(M * H), g(M * i2_max), act(M * i2_max / 2);
+  std::vector<float> shared_partial;  // attention's runs, by (sequence, group, run)
   std::memcpy(xa.data(), x_.contiguous().data_ptr<float>(), M * H * sizeof(float));
   Barrier bar;
   const int threads = at::in_parallel_region() ? 1 : std::max(1, at::get_num_threads());
@@ -578,10 +579,63 @@ std::vector<at::Tensor> rows_stack(
         }
       }
       bar.wait(n);
-      // attention: this thread's (sequence, query head) pairs; the heads of one key/value head
-      // at every position as one group of queries (at most 64)
-      {
-        const RowsMask& msk = L.local ? ml : mg;
+      // attention. Over a long context with few groups of queries (a decode step or a verify
+      // past 512 keys), the (sequence, key/value head, run of keys) items go round the threads,
+      // each reading its run's keys once for every query of the group, then each thread combines
+      // its (sequence, query head) pairs' runs; otherwise each thread takes its pairs whole, the
+      // heads of one key/value head at every position as one group of queries (at most 64)
+      const RowsMask& msk = L.local ? ml : mg;
+      if (msk.runs_max > 1 && T * rep <= 64 && B * kv < 4 * n) {
+        const int64_t stride = d + 2, nq = T * rep, items = B * kv * msk.runs_max;
+        const int64_t slot = nq * stride;  // floats of one item's partials
+        if (t == 0) shared_partial.resize(items * slot);
+        bar.wait(n);
+        for (int64_t w = t; w < items; w += n) {
+          const int64_t r = w % msk.runs_max, bg = w / msk.runs_max, b = bg / kv, gi = bg % kv;
+          const int64_t j0 = r * kAttnRun;
+          const float* qs[64];
+          const uint8_t* ms[64];
+          int64_t rel[64];
+          float* acc[64];
+          float top[64], sum[64];
+          float* part = shared_partial.data() + w * slot;
+          for (int64_t u = 0; u < nq; ++u) {
+            const int64_t row = b * T + u / rep, head = gi * rep + u % rep;
+            qs[u] = q + row * ldq + head * d;
+            ms[u] = msk.row[row] ? msk.row[row] + j0 : nullptr;
+            rel[u] = std::min(msk.last[row], j0 + kAttnRun - 1) - j0;
+            acc[u] = part + u * stride + 2;
+          }
+          const int64_t off = b * ks0 + gi * ks1 + j0 * ks2;
+          k.attend_run(nq, qs, ms, rel, kcp + off, vcp + off, ks2, d,
+                       static_cast<float>(L.scale), s.scratch.data(), kAttnRun + 32, top, sum,
+                       acc);
+          for (int64_t u = 0; u < nq; ++u) {
+            part[u * stride] = top[u];
+            part[u * stride + 1] = sum[u];
+          }
+        }
+        bar.wait(n);
+        int64_t i0, i1;
+        share(B * h, t, n, &i0, &i1);
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t b = i / h, head = i % h, gi = head / rep;
+          for (int64_t p = 0; p < T; ++p) {
+            const int64_t row = b * T + p, u = p * rep + head % rep;
+            const int64_t l = msk.last[row], qruns = l < 0 ? 1 : l / kAttnRun + 1;
+            float rt[kAttnMaxRuns], rs[kAttnMaxRuns];
+            const float* ra[kAttnMaxRuns];
+            for (int64_t r = 0; r < qruns; ++r) {
+              const float* pp =
+                  shared_partial.data() + ((b * kv + gi) * msk.runs_max + r) * slot + u * stride;
+              rt[r] = pp[0];
+              rs[r] = pp[1];
+              ra[r] = pp + 2;
+            }
+            k.attend_finish(qruns, rt, rs, ra, d, a.data() + row * h * d + head * d);
+          }
+        }
+      } else {
         const int64_t stride = d + 2;
         s.partial.resize(msk.runs_max * 64 * stride);
         int64_t i0, i1;
