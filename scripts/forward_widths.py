@@ -1,0 +1,64 @@
+"""What a target forward costs against its width: one sequence after a prompt, forwards of 1, 7
+and 8 tokens (a decode step, the verifies of K = 6 and 7), the median of each, and w = its time
+over one token's. `--ab` interleaves the rows stack (csrc/ops_layer.cpp's rows_stack, the
+default) with the operator path (EXACTSPEC_ROWS_STACK=0) in this process.
+
+    python scripts/forward_widths.py --dtype bfloat16 --threads 2 --ab
+    python scripts/forward_widths.py --dtype float32 --context 1000
+
+Rough figures for decisions only when other processes share the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+import exactspec as es
+from exactspec.models.adapter import TargetAdapter
+
+
+def forward_ms(model, width: int, context: int, n: int) -> float:
+    """Median ms of `n` forwards of `width` tokens after a `context`-token prompt."""
+    adapter = TargetAdapter(model.model if hasattr(model, "model") else model)
+    adapter.prefill([list(range(100, 100 + context))], capacity=context + n + 16)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        adapter.extend(torch.randint(100, 5000, (1, width)))
+        times.append(time.perf_counter() - t0)
+        adapter.commit(torch.tensor([1]))
+    return 1e3 * statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context", type=int, default=300, help="prompt tokens before the forwards")
+    ap.add_argument("--forwards", type=int, default=30, help="forwards per width")
+    ap.add_argument("--widths", default="1,7,8")
+    ap.add_argument("--ab", action="store_true",
+                    help="the operator path too (EXACTSPEC_ROWS_STACK=0), interleaved, twice")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    model = es.load(a.model, dtype=a.dtype)
+    widths = [int(w) for w in a.widths.split(",")]
+    flags = ("1", "0") if a.ab else ("1",)
+    for _ in range(2 if a.ab else 1):
+        for flag in flags:
+            os.environ["EXACTSPEC_ROWS_STACK"] = flag
+            ms = {w: forward_ms(model, w, a.context, a.forwards) for w in widths}
+            name = "rows stack" if flag == "1" else "operator path"
+            print(f"{name:13s} " + ", ".join(
+                f"{w} rows {ms[w]:.2f} ms (w {ms[w] / ms[widths[0]]:.2f})" for w in widths))
+    os.environ.pop("EXACTSPEC_ROWS_STACK", None)
+
+
+if __name__ == "__main__":
+    main()
