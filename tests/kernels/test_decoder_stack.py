@@ -88,19 +88,20 @@ def test_a_product_without_a_kernel_keeps_the_per_operator_loop(monkeypatch):
 
 def _row_steps(model, fmt: str | None, rows_stack: bool, monkeypatch) -> list[torch.Tensor]:
     """Logits of one sequence's 700-token prefill (past one run of 512 keys), then of its steps
-    of 1, 4 and 7 tokens (a decode step, verifies), and of two sequences' aligned steps of 1 and
-    3 tokens: the calls the rows stack takes (csrc/ops_layer.cpp)."""
+    of 1, 4, 7 and 40 tokens (a decode step, verifies, a short prompt's prefill), and of two
+    sequences' 9-token prefill (its features: layers kept) and aligned steps of 1 and 3 tokens:
+    the calls the rows stack takes (csrc/ops_layer.cpp, up to 64 rows)."""
     monkeypatch.setenv("EXACTSPEC_ROWS_STACK", "1" if rows_stack else "0")
     forward = None if fmt is None else lean_forward_for(model, fmt)
     g = torch.Generator().manual_seed(5)
     one = TargetAdapter(model, forward=forward)
-    out = [one.prefill([torch.randint(0, 40, (700,), generator=g).tolist()], capacity=740)]
-    for width, keep in ((1, 1), (4, 2), (7, 7), (1, 1)):
+    out = [one.prefill([torch.randint(0, 40, (700,), generator=g).tolist()], capacity=800)]
+    for width, keep in ((1, 1), (4, 2), (7, 7), (40, 40), (1, 1)):
         out.append(one.extend(torch.randint(0, 40, (1, width), generator=g)))
         one.commit(torch.tensor([keep]))
     two = TargetAdapter(model, forward=forward)
     prompt = torch.randint(0, 40, (9,), generator=g).tolist()
-    two.prefill([prompt, prompt[::-1]], capacity=32)
+    out.append(two.prefill([prompt, prompt[::-1]], capacity=32, hidden_layers=(0, 1, -1)))
     for width in (1, 3, 1):
         assert two.lengths.tolist() == [two.lengths[0]] * 2
         out.append(two.extend(torch.randint(0, 40, (2, width), generator=g)))

@@ -6,7 +6,8 @@ rows of x, and tails in K, N and M; `linear_w8a16` through its own row tiles. Ev
 that tiling is compared with `torch.equal` against the same rows computed one at a time (the
 one-row path, itself checked against float64 in test_ops.py), on every instruction set, with
 1 and 2 threads: M = 1..20 (verify widths), 31, 45 (a prefill), 64, 65 and 130 (past a chunk),
-N and K with every remainder of the tiles.
+256 and 300 (prefill's lanes along the outputs, `linear_bc`: a part block of rows), N and K with
+every remainder of the tiles.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from exactspec import kernels
 
-MS = [*range(1, 21), 31, 45, 64, 65, 130]
+MS = [*range(1, 21), 31, 45, 64, 65, 130, 256, 300]
 # (N, K): N = 37 ends in a part block and a part tile (16 + 16 + 4 + 1), N = 70 crosses a
 # 64-row task; K = 17 and 100 end in a tail of 1 and 4, K = 1 is all tail
 SHAPES = [(37, 100), (70, 17), (5, 1)]
@@ -43,7 +44,7 @@ def test_linear_every_width_equals_rows_alone(isa, threads, kind, n, k):
     w, s = _weights(n, k, kind, g)
     x = torch.randn(max(MS), k, generator=g)
     torch.set_num_threads(1)
-    rows = _one_at_a_time(x, lambda r: kernels.linear(r, [w], s))  # [130, N]
+    rows = _one_at_a_time(x, lambda r: kernels.linear(r, [w], s))  # [300, N]
     for nt in (1, 2):
         torch.set_num_threads(nt)
         for m in MS:
@@ -65,12 +66,12 @@ def test_linear_large_rows_equal_rows_alone(threads):
 
 def test_linear_tiles_agree_across_isas():
     g = torch.Generator().manual_seed(8)
-    x = torch.randn(130, 83, generator=g)
+    x = torch.randn(300, 83, generator=g)
     ws = [_weights(45, 83, kind, g) for kind in ("float32", "bfloat16", "int8")]
     outs = {}
     for name in kernels.available_isas():
         kernels.set_isa(name)
-        outs[name] = [kernels.linear(x[:m], [w], s) for m in (3, 8, 17, 45, 130) for w, s in ws]
+        outs[name] = [kernels.linear(x[:m], [w], s) for m in (3, 8, 17, 45, 130, 300) for w, s in ws]
     kernels.set_isa("auto")
     first = next(iter(outs.values()))
     for name, out in outs.items():

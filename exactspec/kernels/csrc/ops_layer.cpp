@@ -323,7 +323,7 @@ struct LayerStack : torch::CustomClassHolder {
 // operators over the threads or on one, a barrier where a result crosses threads. Every output
 // is computed by the same kernel call with the same inputs as on the operator path, so the same
 // bits (tests/kernels/test_decoder_stack.py).
-constexpr int64_t kRowsMax = 16;  // rows (sequences x tokens) rows_stack takes
+constexpr int64_t kRowsMax = 64;  // rows (sequences x tokens) rows_stack takes
 
 // A barrier for a team of n threads: a short spin, then the core is given away (sched_yield)
 // so that a partner without a core (a busy machine) gets one instead of a spinning thread

@@ -84,7 +84,7 @@ static inline void vhsum16(const V* a, float* out) {
 #define ES_MB 64  // rows of x per chunk
 // prefill (impl.h's linear_bc; no effect on any result): from this many rows of x, panels of
 // 16 * ES_BC_NV outputs against blocks of ES_BC_MR rows (ES_BC_MR x ES_BC_NV accumulators)
-#define ES_BC_ROWS 32
+#define ES_BC_ROWS 256
 #define ES_BC_MR 8
 #define ES_BC_NV 3
 #define ES_AHEAD_F32 2  // float32 weight rows ahead that the one-row stream prefetches

@@ -68,7 +68,7 @@ static inline void vhsum16(const V* a, float* out) {  // out[i] = vhsum(a[i])
 #define ES_MB (int64_t{1} << 40)
 // prefill (impl.h's linear_bc; no effect on any result): from this many rows of x, panels of
 // 16 * ES_BC_NV outputs against blocks of ES_BC_MR rows (ES_BC_MR x ES_BC_NV accumulators)
-#define ES_BC_ROWS 32
+#define ES_BC_ROWS 256
 #define ES_BC_MR 4
 #define ES_BC_NV 1
 #define ES_PF_LOC 3
