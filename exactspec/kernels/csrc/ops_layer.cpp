@@ -314,15 +314,17 @@ struct LayerStack : torch::CustomClassHolder {
 
 // ---- a few rows: the whole stack in one parallel region ----
 //
-// A decode step (one token of a few sequences) or a verify (K + 1 tokens of one) spends a good
-// part of its time outside the weights' bytes when each operator is its own call: about 20
-// tensor operations a layer and 4-6 parallel regions (docs/performance.md, "The AMX machine,
-// fourth pass"). rows_stack runs the same kernel calls in the same order on raw buffers, in one
+// A decode step (one token of a few sequences), a verify (K + 1 tokens of one) or a short
+// prompt spends a good part of its time outside the weights' bytes when each operator is its
+// own call: about 20 tensor operations a layer and 4-6 parallel regions, each waiting for a
+// thread without a core on a busy machine (docs/performance.md, "The AMX machine, fourth
+// pass"). rows_stack runs the same kernel calls in the same order on raw buffers, in one
 // parallel region for every layer: the products split over the threads on the units product()
-// splits them on, attention over the (sequence, query head) pairs, the rows of the elementwise
-// operators over the threads or on one, a barrier where a result crosses threads. Every output
-// is computed by the same kernel call with the same inputs as on the operator path, so the same
-// bits (tests/kernels/test_decoder_stack.py).
+// splits them on, attention over the (sequence, query head) pairs (or, past 512 keys, over
+// (sequence, key/value head, run) items, then the pairs combine their runs), the rows of the
+// elementwise operators over the threads or on one, a barrier where a result crosses threads.
+// Every output is computed by the same kernel call with the same inputs as on the operator path,
+// so the same bits (tests/kernels/test_decoder_stack.py).
 constexpr int64_t kRowsMax = 64;  // rows (sequences x tokens) rows_stack takes
 
 // A barrier for a team of n threads: a short spin, then the core is given away (sched_yield)
