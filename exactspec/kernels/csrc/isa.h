@@ -19,6 +19,8 @@ namespace exactspec {
 // runs computed apart, then combined in key order: impl_attn.h), at most kAttnMaxRuns of them
 constexpr int64_t kAttnRun = 512;
 constexpr int64_t kAttnMaxRuns = 64;
+// the runs a query whose last visible key is `last` (-1: none) reads: one at least
+constexpr int64_t attn_runs(int64_t last) { return last < 0 ? 1 : last / kAttnRun + 1; }
 
 // dtype codes of a weight matrix
 enum WeightType : int { W_F32 = 0, W_BF16 = 1, W_I8 = 2 };

@@ -124,13 +124,13 @@ struct Chunks {
   }
 };
 
+}  // namespace
+
 // residual + product on columns [c0, c1) of every row: the bits of torch's x + linear(...)
 void add_residual(float* y, const float* r, int64_t M, int64_t N, int64_t c0, int64_t c1) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t c = c0; c < c1; ++c) y[m * N + c] += r[m * N + c];
 }
-
-}  // namespace
 
 at::Tensor linear(const at::Tensor& x_, at::TensorList weights,
                   const c10::optional<at::Tensor>& scales,
@@ -390,7 +390,6 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   // Each query's visible keys: its last one and whether it sees all before it; its keys in
   // runs of kAttnRun fixed by key index (one run up to 512 keys), combined in key order, so a
   // query's bits depend on its own keys only, whatever the call's width, the tasks or threads.
-  auto runs_of = [](int64_t l) { return l < 0 ? int64_t{1} : l / kAttnRun + 1; };
   std::vector<int64_t> last(B * T);
   std::vector<const uint8_t*> mrow(B * T);
   int64_t max_last = -1;
@@ -402,7 +401,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       mrow[b * T + t] = dense ? nullptr : row;
       max_last = std::max(max_last, last[b * T + t]);
     }
-  const int64_t runs_max = runs_of(max_last);
+  const int64_t runs_max = attn_runs(max_last);
   TORCH_CHECK(runs_max <= kAttnMaxRuns, "attention: at most ", kAttnMaxRuns * kAttnRun,
               " keys, got ", S);
   // Tasks: the query heads of one key/value head at up to 24 / rep consecutive positions,
@@ -468,7 +467,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     int64_t bt[64], hs[64];
     const int64_t nq = queries(i, bt, hs);
     for (int64_t q = 0; q < nq; ++q) {
-      const int64_t runs = runs_of(last[bt[q]]);
+      const int64_t runs = attn_runs(last[bt[q]]);
       float top[kAttnMaxRuns], sum[kAttnMaxRuns];
       const float* acc[kAttnMaxRuns];
       for (int64_t r = 0; r < runs; ++r) {
@@ -509,7 +508,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         int64_t bt[64], hs[64];
         const int64_t nq = queries(i, bt, hs);
         int64_t runs = 1;
-        for (int64_t q = 0; q < nq; ++q) runs = std::max(runs, runs_of(last[bt[q]]));
+        for (int64_t q = 0; q < nq; ++q) runs = std::max(runs, attn_runs(last[bt[q]]));
         for (int64_t r = 0; r < runs; ++r)
           run_one(i, r, local.data() + r * nqmax * stride, scratch.data());
         finish(i, [&](int64_t r) { return local.data() + r * nqmax * stride; });

@@ -21,6 +21,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 at::Tensor silu_mul(const at::Tensor& gate_up);
 at::Tensor gelu_tanh_mul(const at::Tensor& gate_up);
 void rope_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t heads);
+// y[m, c] += r[m, c] for the columns [c0, c1) of M rows of N: the bits of torch's x + linear(...)
+void add_residual(float* y, const float* r, int64_t M, int64_t N, int64_t c0, int64_t c1);
 // the last key a query sees under its mask row of S bools (null: every key), -1 for none, and
 // whether it sees every key up to that one (attention's plan of a query)
 int64_t last_visible(const uint8_t* visible, int64_t S, bool* dense);

@@ -363,10 +363,11 @@ inline void share(int64_t total, int t, int n, int64_t* b0, int64_t* b1) {
   *b1 = total * (t + 1) / n;
 }
 
-// thread t's share of y = x P^T (+ r) for M rows of K floats (x's quantized copy in s when P is
-// packed), y and r [M, P.N]
+// thread t's share of y = x P^T (+ r, or + bias) for M rows of K floats (x's quantized copy in s
+// when P is packed), y and r [M, P.N], bias [P.N]
 void rows_product(const Isa& k, const Prod& P, const float* x, int64_t M, int64_t K,
-                  const float* r, float* y, RowScratch& s, int t, int n) {
+                  const float* r, float* y, RowScratch& s, int t, int n,
+                  const float* bias = nullptr) {
   int64_t u0, u1;
   share(P.units(), t, n, &u0, &u1);
   if (u0 >= u1) return;
@@ -393,9 +394,10 @@ void rows_product(const Isa& k, const Prod& P, const float* x, int64_t M, int64_
     k.linear_w4a8(q, P.Kp, sx, xs, M, G, static_cast<const uint8_t*>(P.w), P.scales, y, N, N,
                   u0, u1);
   }
-  if (r)
+  if (r) add_residual(y, r, M, N, c0, c1);
+  if (bias)  // `y + bias` of the operator path
     for (int64_t m = 0; m < M; ++m)
-      for (int64_t c = c0; c < c1; ++c) y[m * N + c] += r[m * N + c];
+      for (int64_t c = c0; c < c1; ++c) y[m * N + c] = y[m * N + c] + bias[c];
 }
 
 // whether rows_stack takes this call (else the operator path runs, the same bits)
@@ -461,8 +463,61 @@ RowsMask rows_mask(const c10::optional<at::Tensor>& mask, int64_t B, int64_t T, 
     }
   }
   for (int64_t r = 0; r < B * T; ++r)
-    m.runs_max = std::max(m.runs_max, m.last[r] < 0 ? int64_t{1} : m.last[r] / kAttnRun + 1);
+    m.runs_max = std::max(m.runs_max, attn_runs(m.last[r]));
   return m;
+}
+
+// Where attention reads a layer's queries and keys: q rows of ldq floats, the cache's key / value
+// buffers with their strides, the mask's rows
+struct AttnView {
+  const float* q;
+  int64_t ldq;
+  const float* k;
+  const float* v;
+  int64_t ks0, ks1, ks2, d;
+  float scale;
+  const RowsMask* mask;
+};
+
+// run r of the keys of key/value head gi of sequence b for nq queries (row[u], head[u]): each
+// query's partial (top, sum, acc[d]) at part + u * (d + 2) (ops.cpp's attention, run_one)
+void attend_queries(const Isa& k, const AttnView& A, int64_t b, int64_t gi, int64_t r,
+                    int64_t nq, const int64_t* row, const int64_t* head, float* scratch,
+                    float* part) {
+  const int64_t j0 = r * kAttnRun, stride = A.d + 2;
+  const float* qs[64];
+  const uint8_t* ms[64];
+  int64_t rel[64];
+  float* acc[64];
+  float top[64], sum[64];
+  for (int64_t u = 0; u < nq; ++u) {
+    const uint8_t* mrow = A.mask->row[row[u]];
+    qs[u] = A.q + row[u] * A.ldq + head[u] * A.d;
+    ms[u] = mrow ? mrow + j0 : nullptr;
+    rel[u] = std::min(A.mask->last[row[u]], j0 + kAttnRun - 1) - j0;
+    acc[u] = part + u * stride + 2;
+  }
+  const int64_t off = b * A.ks0 + gi * A.ks1 + j0 * A.ks2;
+  k.attend_run(nq, qs, ms, rel, A.k + off, A.v + off, A.ks2, A.d, A.scale, scratch,
+               kAttnRun + 32, top, sum, acc);
+  for (int64_t u = 0; u < nq; ++u) {
+    part[u * stride] = top[u];
+    part[u * stride + 1] = sum[u];
+  }
+}
+
+// a query's output o[:d] from the partials of its runs, run r's at part + r * run_stride
+void finish_query(const Isa& k, int64_t last, const float* part, int64_t run_stride, int64_t d,
+                  float* o) {
+  const int64_t runs = attn_runs(last);
+  float rt[kAttnMaxRuns], rs[kAttnMaxRuns];
+  const float* ra[kAttnMaxRuns];
+  for (int64_t r = 0; r < runs; ++r) {
+    rt[r] = part[r * run_stride];
+    rs[r] = part[r * run_stride + 1];
+    ra[r] = part + r * run_stride + 2;
+  }
+  k.attend_finish(runs, rt, rs, ra, d, o);
 }
 
 std::vector<at::Tensor> rows_stack(
@@ -481,7 +536,7 @@ std::vector<at::Tensor> rows_stack(
   const RowsMask ml = mask_local.has_value() ? rows_mask(mask_local, B, T, view_len) : mg;
   TORCH_CHECK(std::max(mg.runs_max, ml.runs_max) <= kAttnMaxRuns, "attention: at most ",
               kAttnMaxRuns * kAttnRun, " keys, got ", view_len);
-  int64_t qkv_max = 0, hd_max = 0, kv_max = 0, i2_max = 0, k_max = H, h_max = 0, d_max = 0;
+  int64_t qkv_max = 0, hd_max = 0, kv_max = 0, i2_max = 0, k_max = H;
   for (const Layer& L : stack.layers) {
     TORCH_CHECK(!L.local || (cosl.defined() && sinl.defined()),
                 "decoder_stack: a sliding-window layer needs the local RoPE");
@@ -495,8 +550,6 @@ std::vector<at::Tensor> rows_stack(
     hd_max = std::max(hd_max, L.heads * d);
     kv_max = std::max(kv_max, L.kv_heads * d);
     i2_max = std::max(i2_max, L.p_gate_up.N);
-    h_max = std::max(h_max, L.heads);
-    d_max = std::max(d_max, d);
     for (const Prod* P : {&L.p_qkv, &L.p_o, &L.p_gate_up, &L.p_down})
       k_max = std::max(k_max, P->Kp);
   }
@@ -521,7 +574,7 @@ std::vector<at::Tensor> rows_stack(
 
   auto body = [&](int t, int n) {
     thread_local RowScratch s;
-    s.xn.resize(M * std::max(H, d_max * h_max));
+    s.xn.resize(M * H);
     s.xq.resize(M * k_max);
     s.sx.resize(2 * M * (k_max / 32 + 1));
     s.scratch.resize(64 * (kAttnRun + 32));
@@ -537,15 +590,8 @@ std::vector<at::Tensor> rows_stack(
       if (t == 0 && keep_at[li]) std::memcpy(keep_at[li], x, M * H * sizeof(float));
       // q, k, v
       k.rms_norm(x, L.f_norm_in.data_ptr<float>(), eps, H, s.xn.data(), 0, M);
-      rows_product(k, L.p_qkv, s.xn.data(), M, H, nullptr, y.data(), s, t, n);
-      if (L.f_qkv_bias.defined()) {
-        int64_t u0, u1;
-        share(L.p_qkv.units(), t, n, &u0, &u1);
-        const float* bias = L.f_qkv_bias.data_ptr<float>();
-        for (int64_t m = 0; m < M; ++m)
-          for (int64_t c = u0 * L.p_qkv.unit(); c < std::min(u1 * L.p_qkv.unit(), N); ++c)
-            y[m * N + c] = y[m * N + c] + bias[c];
-      }
+      rows_product(k, L.p_qkv, s.xn.data(), M, H, nullptr, y.data(), s, t, n,
+                   L.f_qkv_bias.defined() ? L.f_qkv_bias.data_ptr<float>() : nullptr);
       bar.wait(n);
       // q / k norms, RoPE and the cache's new slots, for this thread's rows
       const float* cp = (L.local ? cosl : cos).data_ptr<float>();
@@ -587,108 +633,55 @@ std::vector<at::Tensor> rows_stack(
       // its (sequence, query head) pairs' runs; otherwise each thread takes its pairs whole, the
       // heads of one key/value head at every position as one group of queries (at most 64)
       const RowsMask& msk = L.local ? ml : mg;
+      const AttnView av{q, ldq, kcp, vcp, ks0, ks1, ks2, d, static_cast<float>(L.scale), &msk};
+      const int64_t stride = d + 2;  // floats of a query's partial
+      int64_t i0, i1;  // this thread's (sequence, query head) pairs
+      share(B * h, t, n, &i0, &i1);
       if (msk.runs_max > 1 && T * rep <= 64 && B * kv < 4 * n) {
-        const int64_t stride = d + 2, nq = T * rep, items = B * kv * msk.runs_max;
+        const int64_t nq = T * rep, items = B * kv * msk.runs_max;
         const int64_t slot = nq * stride;  // floats of one item's partials
         if (t == 0) shared_partial.resize(items * slot);
         bar.wait(n);
         for (int64_t w = t; w < items; w += n) {
           const int64_t r = w % msk.runs_max, bg = w / msk.runs_max, b = bg / kv, gi = bg % kv;
-          const int64_t j0 = r * kAttnRun;
-          const float* qs[64];
-          const uint8_t* ms[64];
-          int64_t rel[64];
-          float* acc[64];
-          float top[64], sum[64];
-          float* part = shared_partial.data() + w * slot;
+          int64_t row[64], head[64];
           for (int64_t u = 0; u < nq; ++u) {
-            const int64_t row = b * T + u / rep, head = gi * rep + u % rep;
-            qs[u] = q + row * ldq + head * d;
-            ms[u] = msk.row[row] ? msk.row[row] + j0 : nullptr;
-            rel[u] = std::min(msk.last[row], j0 + kAttnRun - 1) - j0;
-            acc[u] = part + u * stride + 2;
+            row[u] = b * T + u / rep;
+            head[u] = gi * rep + u % rep;
           }
-          const int64_t off = b * ks0 + gi * ks1 + j0 * ks2;
-          k.attend_run(nq, qs, ms, rel, kcp + off, vcp + off, ks2, d,
-                       static_cast<float>(L.scale), s.scratch.data(), kAttnRun + 32, top, sum,
-                       acc);
-          for (int64_t u = 0; u < nq; ++u) {
-            part[u * stride] = top[u];
-            part[u * stride + 1] = sum[u];
-          }
+          attend_queries(k, av, b, gi, r, nq, row, head, s.scratch.data(),
+                         shared_partial.data() + w * slot);
         }
         bar.wait(n);
-        int64_t i0, i1;
-        share(B * h, t, n, &i0, &i1);
         for (int64_t i = i0; i < i1; ++i) {
           const int64_t b = i / h, head = i % h, gi = head / rep;
           for (int64_t p = 0; p < T; ++p) {
             const int64_t row = b * T + p, u = p * rep + head % rep;
-            const int64_t l = msk.last[row], qruns = l < 0 ? 1 : l / kAttnRun + 1;
-            float rt[kAttnMaxRuns], rs[kAttnMaxRuns];
-            const float* ra[kAttnMaxRuns];
-            for (int64_t r = 0; r < qruns; ++r) {
-              const float* pp =
-                  shared_partial.data() + ((b * kv + gi) * msk.runs_max + r) * slot + u * stride;
-              rt[r] = pp[0];
-              rs[r] = pp[1];
-              ra[r] = pp + 2;
-            }
-            k.attend_finish(qruns, rt, rs, ra, d, a.data() + row * h * d + head * d);
+            finish_query(k, msk.last[row],
+                         shared_partial.data() + (b * kv + gi) * msk.runs_max * slot + u * stride,
+                         slot, d, a.data() + row * h * d + head * d);
           }
         }
       } else {
-        const int64_t stride = d + 2;
         s.partial.resize(msk.runs_max * 64 * stride);
-        int64_t i0, i1;
-        share(B * h, t, n, &i0, &i1);
         for (int64_t i = i0; i < i1;) {
           const int64_t b = i / h, hs = i % h, gi = hs / rep;
           const int64_t he = std::min(std::min(i1 - b * h, h), (gi + 1) * rep);
           const int64_t nh = he - hs, tb = std::max<int64_t>(1, 64 / nh);
           for (int64_t p0 = 0; p0 < T; p0 += tb) {
-            const int64_t p1 = std::min(T, p0 + tb), nq = (p1 - p0) * nh;
-            const float* qs[64];
-            const uint8_t* ms[64];
-            int64_t rel[64], row[64], head[64], runs = 1;
-            float* acc[64];
-            float top[64], sum[64];
+            const int64_t nq = (std::min(T, p0 + tb) - p0) * nh;
+            int64_t row[64], head[64], runs = 1;
             for (int64_t u = 0; u < nq; ++u) {
               row[u] = b * T + p0 + u / nh;
               head[u] = hs + u % nh;
-              const int64_t l = msk.last[row[u]];
-              runs = std::max(runs, l < 0 ? int64_t{1} : l / kAttnRun + 1);
+              runs = std::max(runs, attn_runs(msk.last[row[u]]));
             }
-            for (int64_t r = 0; r < runs; ++r) {
-              const int64_t j0 = r * kAttnRun;
-              float* part = s.partial.data() + r * 64 * stride;
-              for (int64_t u = 0; u < nq; ++u) {
-                qs[u] = q + row[u] * ldq + head[u] * d;
-                ms[u] = msk.row[row[u]] ? msk.row[row[u]] + j0 : nullptr;
-                rel[u] = std::min(msk.last[row[u]], j0 + kAttnRun - 1) - j0;
-                acc[u] = part + u * stride + 2;
-              }
-              const int64_t off = b * ks0 + gi * ks1 + j0 * ks2;
-              k.attend_run(nq, qs, ms, rel, kcp + off, vcp + off, ks2, d,
-                           static_cast<float>(L.scale), s.scratch.data(), kAttnRun + 32, top,
-                           sum, acc);
-              for (int64_t u = 0; u < nq; ++u) {
-                part[u * stride] = top[u];
-                part[u * stride + 1] = sum[u];
-              }
-            }
-            for (int64_t u = 0; u < nq; ++u) {
-              const int64_t l = msk.last[row[u]], qruns = l < 0 ? 1 : l / kAttnRun + 1;
-              float rt[kAttnMaxRuns], rs[kAttnMaxRuns];
-              const float* ra[kAttnMaxRuns];
-              for (int64_t r = 0; r < qruns; ++r) {
-                const float* pp = s.partial.data() + r * 64 * stride + u * stride;
-                rt[r] = pp[0];
-                rs[r] = pp[1];
-                ra[r] = pp + 2;
-              }
-              k.attend_finish(qruns, rt, rs, ra, d, a.data() + row[u] * h * d + head[u] * d);
-            }
+            for (int64_t r = 0; r < runs; ++r)
+              attend_queries(k, av, b, gi, r, nq, row, head, s.scratch.data(),
+                             s.partial.data() + r * 64 * stride);
+            for (int64_t u = 0; u < nq; ++u)
+              finish_query(k, msk.last[row[u]], s.partial.data() + u * stride, 64 * stride, d,
+                           a.data() + row[u] * h * d + head[u] * d);
           }
           i = b * h + he;
         }
