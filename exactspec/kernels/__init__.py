@@ -4,8 +4,11 @@ count (see `csrc/isa.h`). Built for this machine's CPU (`python -m exactspec.ker
 run by `make run` / `make test`), registered with torch.library as `torch.ops.exactspec.*`.
 
 `enabled()` says whether the lean forward runs on them (built, and not turned off with
-`EXACTSPEC_KERNELS=0`); `EXACTSPEC_KERNEL_ISA=avx512|avx2|portable` forces an instruction set
-(`set_isa` does it at run time; all three compute the same bits).
+`EXACTSPEC_KERNELS=0`); `EXACTSPEC_KERNEL_ISA=amx|avx512vnni|avx512|avx2|portable` forces an
+instruction set (`set_isa` does it at run time). avx512vnni, avx512, avx2 and portable compute
+the same bits; amx (the first choice where the CPU has AMX tiles and the kernel lets a process
+use them) runs bf16 weights on AMX tiles with x rounded to bf16: other bits for bf16 weights
+(`rounds_bf16_inputs`), every unit's bits for float32 and int8 weights.
 
 ops.py      the Python side: the operators (linear, attention, ...) and the ISA switch
 draft_step.py  a draft step's tail in one call: final norm, head, q, the draw (ops_draft.cpp)
@@ -13,9 +16,9 @@ build.py    compiling `csrc/` for this CPU (`__main__.py`: `python -m exactspec.
 csrc/       the C++: ops.cpp (registration, the threads' tasks), ops_layer.cpp (the decoder
             layers in one call; up to 64 rows in one parallel region), isa.h / impl.h (the fixed reduction order; the products),
             impl_attn.h (attention in query groups and runs of keys), impl_w8a16.h (int8),
-            impl_w4.h (int4),
-            impl_act.h, isa_*.cpp and vec_*.h per instruction set (avx512vnni, avx512, avx2,
-            portable); threads.py chooses each forward's thread count
+            impl_w4.h (int4), impl_amx.h (bf16 weights on AMX tiles, the amx unit),
+            impl_act.h, isa_*.cpp and vec_*.h per instruction set (amx, avx512vnni, avx512,
+            avx2, portable); threads.py chooses each forward's thread count
 """
 
 from exactspec.kernels.ops import (
@@ -33,6 +36,7 @@ from exactspec.kernels.ops import (
     pack_int8,
     rms_norm,
     rope_,
+    rounds_bf16_inputs,
     set_isa,
     silu_mul,
     unpack_int4,
@@ -41,4 +45,4 @@ from exactspec.kernels.ops import (
 __all__ = ["attention", "available_isas", "current_isa", "decoder_stack", "enabled",
            "gelu_tanh_mul", "layer_stack", "linear", "linear_w4a8", "linear_w8a16", "pack_int4",
            "pack_int8", "rms_norm",
-           "rope_", "set_isa", "silu_mul", "unpack_int4"]
+           "rope_", "rounds_bf16_inputs", "set_isa", "silu_mul", "unpack_int4"]

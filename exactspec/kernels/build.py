@@ -26,7 +26,9 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 COMMON = ["-O3", "-std=c++17", "-fPIC", "-ffp-contract=off", "-fno-math-errno",
           "-fno-trapping-math"]
+AMX_FLAGS = ["-mamx-tile", "-mamx-bf16", "-mavx512bf16"]  # the amx unit's, where taken
 ISA_FLAGS = {  # unit -> its instruction-set flags
+    "amx": ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mavx2", "-mfma"],  # + AMX_FLAGS
     "avx512vnni": ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mavx2", "-mfma"],
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma"],
     "avx2": ["-mavx2", "-mfma"],
@@ -79,6 +81,13 @@ def build(verbose: bool = False) -> Path:
         raise
 
 
+def _compiler_takes(cxx: str, flags: list[str]) -> bool:
+    """Whether `cxx` accepts `flags` (an older compiler may not know AMX's)."""
+    probe = subprocess.run([cxx, *flags, "-x", "c++", "-fsyntax-only", "-"], input=b"int x;\n",
+                           capture_output=True, check=False)
+    return probe.returncode == 0
+
+
 def _build(verbose: bool) -> Path:
     from torch.utils import cpp_extension
 
@@ -88,6 +97,8 @@ def _build(verbose: bool) -> Path:
     cxx = os.environ.get("CXX", "c++")
     objects, jobs = [], []  # the ISA units compile side by side (each is one process)
     for unit, flags in ISA_FLAGS.items():
+        if unit == "amx" and _compiler_takes(cxx, AMX_FLAGS):
+            flags = [*flags, *AMX_FLAGS]  # else the unit says amx::built = false
         obj = out / f"isa_{unit}.o"
         if not obj.is_file():
             tmp = obj.with_suffix(f".{os.getpid()}.tmp")

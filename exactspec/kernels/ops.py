@@ -191,7 +191,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # -> [B, T, h,
 
 
 def set_isa(name: str) -> str:
-    """Force an instruction set ("avx512vnni", "avx512", "avx2", "portable", or "auto"); returns the one used."""
+    """Force an instruction set ("amx", "avx512vnni", "avx512", "avx2", "portable", or "auto");
+    returns the one used."""
     return torch.ops.exactspec.set_isa(name)
 
 
@@ -202,6 +203,14 @@ def current_isa() -> str:
 def available_isas() -> list[str]:
     """The instruction sets this CPU runs, best first."""
     return list(torch.ops.exactspec.available_isas())
+
+
+def rounds_bf16_inputs(isa: str | None = None) -> bool:
+    """Whether the unit `isa` (default: the one in use) rounds x to bf16 against bf16 weights:
+    the amx unit (AMX tiles at every width, csrc/impl_amx.h), whose bf16-weight products have
+    other bits than the FMA units' (still the same at every width, row and thread count);
+    float32 and int8 weights give every unit's bits there."""
+    return (isa or current_isa()) == "amx"
 
 
 # ---- the activations of csrc/impl_act.h (the Llama relatives: Gemma 3's GeGLU) ----

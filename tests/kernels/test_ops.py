@@ -1,6 +1,7 @@
 """Each operator against a float64 reference within a float32 rounding bound derived below, and
 bit-invariance (`torch.equal`): a row alone vs inside 500 rows, 1 vs 2 threads, masked or
-absent keys holding anything (NaN), every instruction set computing the same bits.
+absent keys holding anything (NaN), every instruction set computing the same bits (but the amx
+unit's bf16-weight products, which round x to bf16: against a float64 reference of that).
 
 Rounding bounds (u = 2^-24, float32's unit roundoff; gamma_n = n u / (1 - n u)): a dot product
 of length K on 16 lanes is ceil(K / 16) fused multiply-adds per lane then a 4-level tree, so
@@ -22,6 +23,11 @@ U = 2.0 ** -24
 
 def gamma(n: int) -> float:
     return n * U / (1 - n * U)
+
+
+def gamma_2u(n: int) -> float:
+    """gamma_n with unit roundoff 2u (rounding toward zero)."""
+    return n * 2 * U / (1 - n * 2 * U)
 
 
 def dot_bound(k: int) -> float:
@@ -49,9 +55,16 @@ def test_linear_matches_float64(isa, kind, m, k, n):
     x = torch.randn(m, k, generator=g)
     w, s, ref_w = _weights(n, k, kind, g)
     y = kernels.linear(x, [w], s)  # [M, N]
-    ref = x.double() @ ref_w.T
-    mag = x.double().abs() @ ref_w.abs().T  # sum_k |x_k w_k|
-    bound = (dot_bound(k) + (2 * U if s is not None else 0)) * mag
+    if kind == "bfloat16" and kernels.rounds_bf16_inputs(isa):
+        # AMX: x rounded to bf16 (the reference too); bf16 x bf16 products are exact in float32,
+        # and each of the K additions rounds once, to nearest or (allowed here) toward zero
+        xr = x.to(torch.bfloat16).double()
+        ref, mag = xr @ ref_w.T, xr.abs() @ ref_w.abs().T
+        bound = gamma_2u(k) * mag
+    else:
+        ref = x.double() @ ref_w.T
+        mag = x.double().abs() @ ref_w.abs().T  # sum_k |x_k w_k|
+        bound = (dot_bound(k) + (2 * U if s is not None else 0)) * mag
     assert bool(((y.double() - ref).abs() <= bound).all()), float((y.double() - ref).abs().max())
 
 
@@ -88,16 +101,22 @@ def test_every_isa_computes_the_same_bits():
     q, k, v = torch.randn(1, 3, 4, 24), torch.randn(1, 2, 19, 24), torch.randn(1, 2, 19, 24)
     mask = torch.rand(1, 3, 19, generator=g) < 0.7
     mask[..., 0] = True
-    outs = {}
+    outs, bf16 = {}, {}
     for name in kernels.available_isas():
         kernels.set_isa(name)
-        outs[name] = (kernels.linear(x, [w]), kernels.linear(x, [w.to(torch.bfloat16)]),
-                      kernels.rms_norm(x, w[0], 1e-5), kernels.silu_mul(gu),
-                      kernels.attention(q, k, v, mask, 0.2), kernels.gelu_tanh_mul(gu))
+        outs[name] = (kernels.linear(x, [w]), kernels.rms_norm(x, w[0], 1e-5),
+                      kernels.silu_mul(gu), kernels.attention(q, k, v, mask, 0.2),
+                      kernels.gelu_tanh_mul(gu))
+        bf16[name] = kernels.linear(x, [w.to(torch.bfloat16)])
     kernels.set_isa("auto")
     first = next(iter(outs.values()))
     for name, out in outs.items():
         assert all(torch.equal(a, b) for a, b in zip(out, first, strict=True)), name
+    # bf16 weights: the same bits on every FMA unit; the amx unit (x rounded to bf16) others
+    fma = [n for n in bf16 if not kernels.rounds_bf16_inputs(n)]
+    assert all(torch.equal(bf16[n], bf16[fma[0]]) for n in fma), fma
+    for n in set(bf16) - set(fma):
+        assert not torch.equal(bf16[n], bf16[fma[0]]), f"{n} gave the FMA units' bits"
 
 
 def test_rms_norm_matches_float64(isa):

@@ -351,7 +351,12 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
 static void linear(const float* x, int64_t M, int64_t K, const void* w, int wtype,
                    const float* scale, float* y, int64_t ldy, int64_t n0, int64_t n1) {
   if (wtype == W_F32) linear_t<W_F32>(x, M, K, w, scale, y, ldy, n0, n1);
+#ifdef ES_AMX
+  else if (wtype == W_BF16)  // the amx unit: every width on AMX tiles (impl_amx.h)
+    linear_amx(x, M, K, static_cast<const uint16_t*>(w), scale, y, ldy, n0, n1);
+#else
   else if (wtype == W_BF16) linear_t<W_BF16>(x, M, K, w, scale, y, ldy, n0, n1);
+#endif
   else linear_t<W_I8>(x, M, K, w, scale, y, ldy, n0, n1);
 }
 

@@ -71,6 +71,10 @@ struct Isa {
   void (*quantize_i8g)(const float* x, int64_t K, int64_t Kp, int8_t* xq, float* sx, float* xs);
 };
 
+namespace amx {
+extern const Isa isa;
+extern const bool built;  // compiled with AMX (the compiler took its flags)
+}
 namespace avx512vnni { extern const Isa isa; }
 namespace avx512 { extern const Isa isa; }
 namespace avx2 { extern const Isa isa; }

@@ -5,6 +5,10 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -19,8 +23,26 @@
 namespace exactspec {
 namespace {
 
+// AMX tiles with bf16, AVX512-BF16, and the kernel's leave to use the tile data (Linux asks
+// each process to request it: arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
+bool amx_usable() {
+  static const bool ok = [] {
+    if (!amx::built) return false;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool tile = (d >> 24) & 1, bf16 = (d >> 22) & 1;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+    const bool avx512bf16 = (a >> 5) & 1;
+    if (!tile || !bf16 || !avx512bf16) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return ok;
+}
+
 bool cpu_has(const std::string& name) {
   __builtin_cpu_init();
+  if (name == "amx") return cpu_has("avx512vnni") && amx_usable();
   if (name == "avx512vnni") return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
   if (name == "avx512")
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -30,6 +52,7 @@ bool cpu_has(const std::string& name) {
 }
 
 const Isa* by_name(const std::string& name) {
+  if (name == "amx") return &amx::isa;
   if (name == "avx512vnni") return &avx512vnni::isa;
   if (name == "avx512") return &avx512::isa;
   if (name == "avx2") return &avx2::isa;
@@ -38,7 +61,7 @@ const Isa* by_name(const std::string& name) {
 }
 
 const Isa* best() {
-  for (const char* n : {"avx512vnni", "avx512", "avx2"})
+  for (const char* n : {"amx", "avx512vnni", "avx512", "avx2"})
     if (cpu_has(n)) return by_name(n);
   return &portable::isa;
 }
@@ -71,7 +94,7 @@ std::string current_isa() { return isa().name; }
 
 std::vector<std::string> available_isas() {
   std::vector<std::string> out;
-  for (const char* n : {"avx512vnni", "avx512", "avx2", "portable"})
+  for (const char* n : {"amx", "avx512vnni", "avx512", "avx2", "portable"})
     if (cpu_has(n)) out.push_back(n);
   return out;
 }

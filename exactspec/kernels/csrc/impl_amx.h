@@ -1,0 +1,208 @@
+// The bf16-weight product on AMX tiles (the amx unit only: isa_amx.cpp), used at every width.
+//
+// Other bits than the FMA units' for bf16 weights, said wherever the amx unit is named: x is
+// rounded to bf16 (round to nearest even, vcvtne2ps2bf16) and TDPBF16PS adds the products of
+// 32 inputs at a time in its own fixed way into a float32 accumulator. The invariance rule of
+// isa.h still holds within the unit: an output y[m, n] is accumulated over the blocks of 32
+// inputs in block order by one TDPBF16PS each, whose result for element (n, m) depends on the
+// weights of output n, the inputs of row m and that element's accumulator only (Intel's
+// definition of the instruction; tests/kernels/test_amx.py checks that a row's bits do not
+// depend on the rows, infinities included, or the outputs beside it). Every width, tile
+// position and thread count therefore gives the same bits; float32 and int8 weights run the
+// avx512vnni unit's code, so those bits are every unit's.
+//
+// Layout: the weights are the A operand as they lie in memory (16 output rows x 32 inputs of
+// bf16, row stride 2K bytes: no copy), x the B operand packed per call into pairs (row kp of a
+// B tile: inputs 2kp and 2kp + 1 of 16 rows of x), C = 16 outputs x 16 rows of x in float32.
+// A part of K (K % 32) is read through a zero-padded copy of the 16 x 32 block, a part group of
+// outputs as the 16 rows ending at n1 (outputs before n are computed and not stored), or through
+// a zero-padded copy when fewer than 16 rows precede n1.
+#pragma once
+#include <immintrin.h>
+
+#include <vector>
+
+struct AmxConfig {  // the 64-byte tile configuration (palette 1)
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// every tile 16 rows x 64 bytes: C in tmm0-3, x in tmm4, weights in tmm5 / tmm6
+static inline void amx_configure() {
+  alignas(64) AmxConfig c;
+  std::memset(&c, 0, sizeof c);
+  c.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    c.rows[t] = 16;
+    c.colsb[t] = 64;
+  }
+  _tile_loadconfig(&c);
+}
+
+// xb[((g * KB + kb) * 16 + kp) * 32 + 2 * m + e] = bf16(x[16 g + m, 32 kb + 2 kp + e]) (zeros
+// past K) for the rows of x; the columns of rows past M in the last group are left as they are:
+// they only reach outputs that are not stored
+static void amx_pack_x(const float* x, int64_t M, int64_t K, int64_t KB, uint16_t* xb) {
+  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                                           12, 13, 14, 15),
+                                         _mm512_set1_epi32(16));  // dword kp at kp * 64 bytes
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * K;
+    uint16_t* base = xb + (m / 16) * KB * 512 + 2 * (m % 16);
+    for (int64_t kb = 0; kb < KB; ++kb) {
+      const int64_t k = 32 * kb, r = K - k;
+      __m512 lo, hi;
+      if (r >= 32) {
+        lo = _mm512_loadu_ps(xr + k);
+        hi = _mm512_loadu_ps(xr + k + 16);
+      } else {
+        const __mmask16 mlo = r >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << r) - 1);
+        const __mmask16 mhi = r <= 16 ? 0 : static_cast<__mmask16>((1u << (r - 16)) - 1);
+        lo = _mm512_maskz_loadu_ps(mlo, xr + k);
+        hi = _mm512_maskz_loadu_ps(mhi, xr + k + 16);
+      }
+      const __m512i pairs = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+      _mm512_i32scatter_epi32(base + kb * 512, idx, pairs, 4);
+    }
+  }
+}
+
+// the C tile j's outputs [lo, 16) for the rows [m0, m0 + mr) of y
+static inline void amx_store(const float* c, float* y, int64_t ldy, int64_t m0, int64_t mr,
+                             int64_t n, int64_t lo, const float* scale) {
+  for (int64_t m = 0; m < mr; ++m) {
+    float* yr = y + (m0 + m) * ldy + n;
+    if (scale)
+      for (int64_t o = lo; o < 16; ++o) yr[o] = c[o * 16 + m] * scale[n + o];
+    else
+      for (int64_t o = lo; o < 16; ++o) yr[o] = c[o * 16 + m];
+  }
+}
+
+// one weight tile: 16 rows from `a` (row stride lda elements), its part block of K from `tail`
+struct AmxTile {
+  const uint16_t* a;
+  int64_t lda;
+  const uint16_t* tail;  // 16 x 32, zero-padded (null when K % 32 == 0)
+  int64_t n, lo;         // its first output row in y, and the first of its rows to store
+};
+
+// (tile numbers are immediates: C tile J, weights in A = 5 or 6 by turns)
+#define ES_AMX_STEP(J, A, T)                                                                 \
+  if (J < T) {                                                                               \
+    _tile_loadd(A, tiles[J].a + kb * 32, tiles[J].lda * 2);                                  \
+    _tile_dpbf16ps(J, A, 4);                                                                 \
+  }
+#define ES_AMX_TAIL(J, A, T)                                                                 \
+  if (J < T) {                                                                               \
+    _tile_loadd(A, tiles[J].tail, 64);                                                       \
+    _tile_dpbf16ps(J, A, 4);                                                                 \
+  }
+#define ES_AMX_OUT(J, T)                                                                     \
+  if (J < T) {                                                                               \
+    _tile_stored(J, c, 64);                                                                  \
+    amx_store(c, y, ldy, 16 * g, mr, tiles[J].n, tiles[J].lo, scale);                        \
+  }
+
+// T (1-4) weight tiles against every group of 16 rows of x (packed in xb)
+template <int T>
+static void amx_tiles(const AmxTile* tiles, const uint16_t* xb, int64_t M, int64_t KB,
+                      int64_t KF, const float* scale, float* y, int64_t ldy) {
+  alignas(64) float c[256];
+  const int64_t groups = (M + 15) / 16;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t mr = M - 16 * g < 16 ? M - 16 * g : 16;
+    const uint16_t* xg = xb + g * KB * 512;
+    if (0 < T) _tile_zero(0);
+    if (1 < T) _tile_zero(1);
+    if (2 < T) _tile_zero(2);
+    if (3 < T) _tile_zero(3);
+    for (int64_t kb = 0; kb < KF; ++kb) {
+      _tile_loadd(4, xg + kb * 512, 64);
+      ES_AMX_STEP(0, 5, T)
+      ES_AMX_STEP(1, 6, T)
+      ES_AMX_STEP(2, 5, T)
+      ES_AMX_STEP(3, 6, T)
+    }
+    if (KF < KB) {
+      _tile_loadd(4, xg + KF * 512, 64);
+      ES_AMX_TAIL(0, 5, T)
+      ES_AMX_TAIL(1, 6, T)
+      ES_AMX_TAIL(2, 5, T)
+      ES_AMX_TAIL(3, 6, T)
+    }
+    ES_AMX_OUT(0, T)
+    ES_AMX_OUT(1, T)
+    ES_AMX_OUT(2, T)
+    ES_AMX_OUT(3, T)
+  }
+}
+#undef ES_AMX_STEP
+#undef ES_AMX_TAIL
+#undef ES_AMX_OUT
+
+// the part block of K of 16 weight rows (row stride lda) into tb, zero-padded to 16 x 32
+static inline void amx_tail_copy(const uint16_t* a, int64_t lda, int64_t K, int64_t KF,
+                                 uint16_t* tb) {
+  std::memset(tb, 0, 512 * sizeof(uint16_t));
+  for (int64_t r = 0; r < 16; ++r)
+    std::memcpy(tb + r * 32, a + r * lda + KF * 32, (K - KF * 32) * sizeof(uint16_t));
+}
+
+// y[m, n] = scale[n] * sum_k bf16(x[m, k]) w[n, k] for n in [n0, n1), every m < M (see above)
+static void linear_amx(const float* x, int64_t M, int64_t K, const uint16_t* w,
+                       const float* scale, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  if (n0 >= n1 || M <= 0) return;
+  const int64_t KB = (K + 31) / 32, KF = K / 32;
+  thread_local std::vector<uint16_t> xbuf, tails, pad;
+  thread_local std::vector<float> ys;
+  const size_t xsize = static_cast<size_t>((M + 15) / 16 * KB * 512);
+  if (xbuf.size() < xsize) xbuf.resize(xsize);
+  amx_pack_x(x, M, K, KB, xbuf.data());
+  if (KF < KB && tails.size() < 4 * 512) tails.resize(4 * 512);
+  amx_configure();
+  if (n1 < 16) {  // fewer than 16 weight rows up to n1: rows [n0, n1) through a padded copy
+    const int64_t rows = n1 - n0;
+    if (pad.size() < static_cast<size_t>(16 * K)) pad.resize(16 * K);
+    std::memset(pad.data(), 0, 16 * K * sizeof(uint16_t));
+    std::memcpy(pad.data(), w + n0 * K, rows * K * sizeof(uint16_t));
+    if (ys.size() < static_cast<size_t>(M * 16)) ys.resize(M * 16);
+    AmxTile a{pad.data(), K, nullptr, 0, 0};
+    if (KF < KB) {
+      amx_tail_copy(pad.data(), K, K, KF, tails.data());
+      a.tail = tails.data();
+    }
+    amx_tiles<1>(&a, xbuf.data(), M, KB, KF, nullptr, ys.data(), 16);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t o = 0; o < rows; ++o)
+        y[m * ldy + n0 + o] = scale ? ys[m * 16 + o] * scale[n0 + o] : ys[m * 16 + o];
+    _tile_release();
+    return;
+  }
+  // tiles of 16 output rows, four at a time; a part tile is the 16 rows ending at n1, the rows
+  // before its first new output computed again and not stored
+  for (int64_t n = n0; n < n1; n += 64) {
+    AmxTile tiles[4];
+    int t = 0;
+    for (int64_t nt = n; nt < n1 && nt < n + 64; nt += 16, ++t) {
+      AmxTile& a = tiles[t];
+      a.n = nt + 16 <= n1 ? nt : n1 - 16;
+      a.lo = nt - a.n;
+      a.a = w + a.n * K;
+      a.lda = K;
+      a.tail = nullptr;
+      if (KF < KB) {
+        amx_tail_copy(a.a, K, K, KF, tails.data() + t * 512);
+        a.tail = tails.data() + t * 512;
+      }
+    }
+    switch (t) {
+      case 1: amx_tiles<1>(tiles, xbuf.data(), M, KB, KF, scale, y, ldy); break;
+      case 2: amx_tiles<2>(tiles, xbuf.data(), M, KB, KF, scale, y, ldy); break;
+      case 3: amx_tiles<3>(tiles, xbuf.data(), M, KB, KF, scale, y, ldy); break;
+      default: amx_tiles<4>(tiles, xbuf.data(), M, KB, KF, scale, y, ldy);
+    }
+  }
+  _tile_release();
+}

@@ -1,0 +1,146 @@
+"""The amx unit (csrc/impl_amx.h): bf16 weights on AMX tiles at every width, x rounded to bf16.
+
+Its bits differ from the FMA units' for bf16 weights (said in test_ops.py, where it is held to
+a float64 reference of the rounded x), so the invariance it keeps is tested here: a row's bits
+alone, inside any batch (neighbours holding infinities and NaN included), at any output
+position in a tile (part tiles computed as the 16 rows ending at n1, or through a padded copy
+below 16 rows), with K tails, on 1 and 2 threads; the decoder layers and the engine on it
+(greedy == plain bit for bit with the int8 and int4 self-drafts, and the law of the first
+tokens by chi-square at 1e-6 against the bf16 lean forward's own law, with a wrong variant
+rejected). Mixing the units by width, as libraries that use AMX above a few rows do, is caught.
+Skipped where the CPU (or the kernel, or the compiler) gives no AMX.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exactspec import SamplingParams, kernels
+from exactspec.audit.stats import chi_square, power
+from exactspec.drafters import QuantizedDraft
+from exactspec.engine import generate
+from exactspec.models.adapter import TargetAdapter
+from exactspec.models.lean import lean_forward_for
+
+pytestmark = pytest.mark.skipif("amx" not in kernels.available_isas(),
+                                reason="no AMX tiles here (CPU, kernel or compiler)")
+
+
+@pytest.fixture
+def amx():
+    kernels.set_isa("amx")
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+    kernels.set_isa("auto")
+
+
+def _w(n: int, k: int, seed: int) -> torch.Tensor:
+    return torch.randn(n, k, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("n,k", [(5, 40), (15, 32), (16, 33), (37, 100), (70, 17), (130, 576)])
+def test_a_row_alone_equals_it_beside_anything(amx, n, k):
+    """Rows alone against every width to 40 (three groups of 16 rows of x), the other rows
+    holding large values, infinities and NaN; 1 and 2 threads."""
+    w = _w(n, k, n + k)
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(40, k, generator=g)
+    torch.set_num_threads(1)
+    alone = torch.cat([kernels.linear(x[i:i + 1], [w]) for i in range(40)])
+    assert torch.isfinite(alone).all()
+    hostile = x.clone()
+    hostile[1::3] = float("inf")
+    hostile[2::5] = float("nan")
+    hostile[4::7] = 3e38
+    keep = torch.ones(40, dtype=torch.bool)
+    keep[1::3] = keep[2::5] = keep[4::7] = False
+    for nt in (1, 2):
+        torch.set_num_threads(nt)
+        for m in (*range(1, 18), 31, 32, 33, 40):
+            assert torch.equal(kernels.linear(x[:m], [w]), alone[:m]), (m, nt)
+            out = kernels.linear(hostile[:m], [w])
+            assert torch.equal(out[keep[:m]], alone[:m][keep[:m]]), (m, nt)
+
+
+def test_an_output_is_the_same_at_every_tile_position(amx):
+    """Output j of the first n weight rows for n = 1..100: j sits in a full tile, a part tile
+    shifted back to end at n (its first rows computed again), or a padded copy (n < 16)."""
+    w = _w(100, 72, 1)  # K = 72: two full blocks of 32 and a tail of 8
+    x = torch.randn(3, 72, generator=torch.Generator().manual_seed(2))
+    full = kernels.linear(x, [w])
+    for n in range(1, 101):
+        assert torch.equal(kernels.linear(x, [w[:n]]), full[:, :n]), n
+    # parts of one call (q / k / v) and a product split at any column: the same bits
+    assert torch.equal(kernels.linear(x, [w[:40], w[40:45], w[45:]]), full)
+
+
+def test_mixing_units_by_width_is_caught(amx):
+    """What a library that uses AMX only above a few rows computes: one row on the FMA path,
+    eight on AMX. The test's comparison sees it."""
+    w = _w(64, 576, 3)
+    x = torch.randn(8, 576, generator=torch.Generator().manual_seed(4))
+    wide = kernels.linear(x, [w])
+    kernels.set_isa("avx512vnni")
+    one_fma = kernels.linear(x[:1], [w])
+    kernels.set_isa("amx")
+    assert torch.equal(kernels.linear(x[:1], [w]), wide[:1])
+    assert not torch.equal(one_fma, wide[:1])
+
+
+def _tiny_bf16(name: str = "llama", vocab: int = 16, **kw):
+    from tests.models.test_lean_architectures import model_of
+
+    return model_of(name, vocab=vocab, **kw).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_greedy_equals_plain_on_amx(amx, bits):
+    from tests.models.test_lean_architectures import GREEDY_PROMPTS
+
+    model = _tiny_bf16(head_scale=3.0)
+    assert lean_forward_for(model) is not None
+    greedy = SamplingParams(temperature=0)
+    plain = generate(model, GREEDY_PROMPTS, params=greedy, max_new_tokens=20)
+    drafter = QuantizedDraft(bits, backend="torch")
+    spec = generate(model, GREEDY_PROMPTS, drafter=drafter, params=greedy, max_new_tokens=20,
+                    num_draft_tokens=3)
+    for a, b in zip(spec, plain, strict=True):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+    assert sum(g.stats.accepted for g in spec) > 0
+    # the forward really runs on AMX: its logits are not the FMA units' bits
+    logits = {}
+    for unit in ("amx", "avx512vnni"):
+        kernels.set_isa(unit)
+        ad = TargetAdapter(model)
+        ad.prefill([GREEDY_PROMPTS[0]], capacity=32)
+        logits[unit] = ad.extend(torch.tensor([[1, 2, 3]]))
+    assert not torch.equal(logits["amx"], logits["avx512vnni"])
+
+
+def test_the_law_of_the_first_tokens_on_amx(amx):
+    """The bf16 lean forward's own law (its logits on AMX, exact enumeration), against the
+    engine's counts plain and with the int8 self-draft (chi-square, false alarm 1e-6 each);
+    the wrong variant (qwen3 without its q/k norms, the same bf16 weights) is rejected."""
+    from tests.models.test_architecture_law import ROWS, V, _counts
+    from tests.models.test_lean_architectures import WRONG, _lean_law
+
+    torch.set_num_threads(1)
+    model = _tiny_bf16("qwen3", vocab=V)
+    law = _lean_law(model)
+    for drafter in (None, QuantizedDraft(8, backend="torch")):
+        counts, accepted = _counts(model, drafter, seed=31)
+        if drafter is not None:
+            assert accepted > ROWS // 20
+        result = chi_square(counts, law)
+        assert result.dof > 100 and not result.rejected, result
+    bad = _tiny_bf16("qwen3", vocab=V)
+    WRONG["qwen3"]["q/k norms skipped"](lean_forward_for(bad))
+    wrong_law = _lean_law(bad)
+    rows = next((r for r in (ROWS, 2 * ROWS, 4 * ROWS) if power(law, wrong_law, r) > 1 - 1e-6),
+                None)
+    assert rows is not None, "the wrong variant's law is too close to the model's to test here"
+    counts, _ = _counts(bad, None, seed=32, rows=rows)
+    assert chi_square(counts, law).rejected
+    assert not chi_square(counts, wrong_law).rejected
