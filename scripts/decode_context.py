@@ -2,6 +2,7 @@
 (the bench's long document, cut), the target's seconds per step from GenerationStats.
 
     python scripts/decode_context.py --threads 2 --lengths 64,2048,4096 --tokens 48
+    EXACTSPEC_KERNEL_ISA=avx512vnni python scripts/decode_context.py --dtype bfloat16
 
 Prints, per prompt length, the prefill tok/s and the decode step in ms (target forward time
 over steps, the second of two identical calls), and each step's ratio to the shortest prompt's.
@@ -24,9 +25,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--lengths", default="64,2048,4096", help="prompt lengths in tokens")
     p.add_argument("--tokens", type=int, default=48, help="new tokens per call")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    model = es.load(args.model)
+    model = es.load(args.model, dtype=args.dtype)
     ids = model.encode(long_document())
     greedy = es.SamplingParams(temperature=0)
     first = None

@@ -251,9 +251,9 @@ static constexpr auto bc_table(std::integer_sequence<int, MR...>) {
   return std::array<BcFn, sizeof...(MR)>{bc_block<MR + 1, ES_BC_NV>...};
 }
 
-// y[m, n] for the outputs [n0, n1) of every row m < M through bc_block: a panel of 16 * ES_BC_NV
-// outputs packed at a time (then every row of x meets it in blocks of ES_BC_MR rows); x padded
-// to K16 columns when K is not a multiple of 16
+// y[m, n] for the outputs [n0, n1) of every row m < M through bc_block: panels of 16 * ES_BC_NV
+// outputs packed a group at a time (then every row of x meets them in blocks of ES_BC_MR rows);
+// x padded to K16 columns when K is not a multiple of 16
 template <int WT>
 static void linear_bc(const float* x, int64_t M, int64_t K, const void* w, const float* scale,
                       float* y, int64_t ldy, int64_t n0, int64_t n1) {
@@ -261,7 +261,9 @@ static void linear_bc(const float* x, int64_t M, int64_t K, const void* w, const
   constexpr int64_t NP = 16 * ES_BC_NV;
   const int64_t K16 = (K + 15) / 16 * 16, kc = K16 / 16;
   thread_local std::vector<float> panel, xpad;
-  if (static_cast<int64_t>(panel.size()) < K16 * NP) panel.resize(K16 * NP);
+  const int64_t PS = K16 * NP;  // floats in one packed panel
+  const int64_t PG = ES_BC_GROUP / (PS * 4) > 1 ? ES_BC_GROUP / (PS * 4) : 1;
+  if (static_cast<int64_t>(panel.size()) < PS * PG + 16) panel.resize(PS * PG + 16);
   const float* xs = x;
   int64_t ldx = K;
   if (K16 != K) {
@@ -271,28 +273,37 @@ static void linear_bc(const float* x, int64_t M, int64_t K, const void* w, const
     xs = xpad.data();
     ldx = K16;
   }
+  // panels packed a group at a time (as many as fit ES_BC_GROUP bytes), then every block of
+  // rows of x meets each panel of the group while its rows are in L1 (no effect on any
+  // result); the panels 64-byte aligned, so that no vector load splits across two lines
   float* wp = panel.data();
-  for (int64_t nb = n0; nb < n1; nb += NP) {
-    const int64_t nv = n1 - nb < NP ? n1 - nb : NP;
-    // pack: wp[(l * kc + j) * NP + c] = w[nb + c, 16 j + l] (zeros past K and past n1)
-    for (int64_t c = 0; c < NP; ++c) {
-      float row[16];
-      for (int64_t k = 0; k < K16; k += 16) {
-        if (c < nv) {
-          const V v = k + 16 <= K ? loadw<WT>(w, (nb + c) * K + k)
-                                  : loadw_tail<WT>(w, (nb + c) * K + k, K - k);
-          vstore(row, v);
-        } else {
-          for (int q = 0; q < 16; ++q) row[q] = 0.0f;
+  wp += (16 - (reinterpret_cast<uintptr_t>(wp) / 4) % 16) % 16;
+  for (int64_t gb = n0; gb < n1; gb += NP * PG) {
+    const int64_t ge = gb + NP * PG < n1 ? gb + NP * PG : n1;
+    for (int64_t nb = gb; nb < ge; nb += NP) {
+      const int64_t nv = ge - nb < NP ? ge - nb : NP;
+      float* pp = wp + (nb - gb) / NP * PS;
+      // pack: pp[(l * kc + j) * NP + c] = w[nb + c, 16 j + l] (zeros past K and past n1)
+      for (int64_t c = 0; c < NP; ++c) {
+        float row[16];
+        for (int64_t k = 0; k < K16; k += 16) {
+          if (c < nv) {
+            const V v = k + 16 <= K ? loadw<WT>(w, (nb + c) * K + k)
+                                    : loadw_tail<WT>(w, (nb + c) * K + k, K - k);
+            vstore(row, v);
+          } else {
+            for (int q = 0; q < 16; ++q) row[q] = 0.0f;
+          }
+          const int64_t j = k / 16;
+          for (int l = 0; l < 16; ++l) pp[(l * kc + j) * NP + c] = row[l];
         }
-        const int64_t j = k / 16;
-        for (int l = 0; l < 16; ++l) wp[(l * kc + j) * NP + c] = row[l];
       }
     }
-    const float* sc = scale ? scale + nb : nullptr;
     for (int64_t m = 0; m < M; m += ES_BC_MR) {
       const int64_t mr = M - m < ES_BC_MR ? M - m : ES_BC_MR;
-      table[mr - 1](xs + m * ldx, ldx, wp, kc, y + m * ldy + nb, ldy, nv, sc);
+      for (int64_t nb = gb; nb < ge; nb += NP)
+        table[mr - 1](xs + m * ldx, ldx, wp + (nb - gb) / NP * PS, kc, y + m * ldy + nb, ldy,
+                      ge - nb < NP ? ge - nb : NP, scale ? scale + nb : nullptr);
     }
   }
 }

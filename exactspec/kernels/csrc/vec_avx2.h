@@ -97,6 +97,7 @@ static inline void vhsum16(const V* a, float* out) {
 #define ES_BC_ROWS 256
 #define ES_BC_MR 6
 #define ES_BC_NV 1
+#define ES_BC_GROUP (256 << 10)  // bytes of packed panels per group (half of a 512 KB L2)
 #define ES_PF_LOC 2
 #define ES_AHEAD_F32 0
 #define ES_PF_LOC1 ES_PF_LOC

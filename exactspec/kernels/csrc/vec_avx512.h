@@ -87,6 +87,7 @@ static inline void vhsum16(const V* a, float* out) {
 #define ES_BC_ROWS 256
 #define ES_BC_MR 8
 #define ES_BC_NV 3
+#define ES_BC_GROUP (512 << 10)  // bytes of packed panels per group (a fraction of L2)
 #define ES_AHEAD_F32 2  // float32 weight rows ahead that the one-row stream prefetches
 #define ES_PF_LOC1 2  // ... and the one-row tiles, into L2 (prefetcht1; into L1: no faster here)
 #define ES_PF_LOC 2  // prefetch into L2 (prefetcht1): into L1 it evicts x (several rows)

@@ -71,6 +71,7 @@ static inline void vhsum16(const V* a, float* out) {  // out[i] = vhsum(a[i])
 #define ES_BC_ROWS 256
 #define ES_BC_MR 4
 #define ES_BC_NV 1
+#define ES_BC_GROUP (256 << 10)  // bytes of packed panels per group (half of a 512 KB L2)
 #define ES_PF_LOC 3
 #define ES_AHEAD_F32 0
 #define ES_PF_LOC1 ES_PF_LOC
