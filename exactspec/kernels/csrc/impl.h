@@ -108,6 +108,69 @@ static constexpr auto tile_table(std::integer_sequence<int, MR...>) {
       tile_row<WT, MR + 1>(std::make_integer_sequence<int, ES_NR>())...};
 }
 
+#ifdef ES_HALF_TILES
+// The tile above for a unit whose V is two 8-lane registers (AVX2), one half at a time: lanes
+// 0-7 of every output of the tile over all of K, then lanes 8-15, so that MR x NR accumulators,
+// MR rows of x and NR weight vectors fit the 16 registers. Each lane gets the same fused
+// multiply-adds in the same order as in `tile` (V's halves never meet before the horizontal
+// sum), the same tail (zero-padded) and the same sum: the same bits.
+template <int WT, int MR, int NR>
+static void tile_half(const float* x, int64_t K, const void* w, const float* scale, float* y,
+                      int64_t ldy, int64_t n, int64_t ahead) {
+  V res[MR][NR];
+  const int64_t wb = WT == W_F32 ? 4 : WT == W_BF16 ? 2 : 1;
+  const char* pf = static_cast<const char*>(w) + (n + ahead) * K * wb;
+  ES_UNROLL for (int h = 0; h < 2; ++h) {
+    __m256 acc[MR][NR];
+    ES_UNROLL for (int i = 0; i < MR; ++i)
+      ES_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+      if (ahead && h == 0)
+        ES_UNROLL for (int j = 0; j < NR; ++j)
+          __builtin_prefetch(pf + (j * K + k) * wb, 0, ES_PF_LOC);
+      __m256 wv[NR];
+      ES_UNROLL for (int j = 0; j < NR; ++j) wv[j] = whalf<WT>(w, (n + j) * K + k + 8 * h);
+      ES_UNROLL for (int i = 0; i < MR; ++i) {
+        __m256 xv = _mm256_loadu_ps(x + i * K + k + 8 * h);
+        __asm__("" : "+x"(xv));  // one load of x per row, not one per multiply-add
+        ES_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
+    }
+    if (k < K) {
+      const int64_t r = K - k;
+      __m256 wv[NR];
+      ES_UNROLL for (int j = 0; j < NR; ++j) {
+        const V t = loadw_tail<WT>(w, (n + j) * K + k, r);
+        wv[j] = h ? t.b : t.a;
+      }
+      ES_UNROLL for (int i = 0; i < MR; ++i) {
+        const V t = loadx_tail(x + i * K + k, r);
+        const __m256 xv = h ? t.b : t.a;
+        ES_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
+    }
+    ES_UNROLL for (int i = 0; i < MR; ++i)
+      ES_UNROLL for (int j = 0; j < NR; ++j) (h ? res[i][j].b : res[i][j].a) = acc[i][j];
+  }
+  ES_UNROLL for (int i = 0; i < MR; ++i)
+    ES_UNROLL for (int j = 0; j < NR; ++j) {
+      float s = vhsum(res[i][j]);
+      if (scale) s = s * scale[n + j];
+      y[i * ldy + n + j] = s;
+    }
+}
+template <int WT, int MR, int... NR>
+static constexpr auto half_row(std::integer_sequence<int, NR...>) {
+  return std::array<TileFn, sizeof...(NR)>{tile_half<WT, MR, NR + 1>...};
+}
+template <int WT, int... MR>
+static constexpr auto half_table(std::integer_sequence<int, MR...>) {
+  return std::array<std::array<TileFn, ES_HALF_NR>, sizeof...(MR)>{
+      half_row<WT, MR + 1>(std::make_integer_sequence<int, ES_HALF_NR>())...};
+}
+#endif
+
 // The tiling (none of it changes a result: each output is its own accumulator):
 // (the measurements behind each choice: docs/performance.md, "Kernels: measurements once
 // quoted in their code")
@@ -348,6 +411,19 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
   const int64_t nrmax = conv ? ES_NR_CONV : ES_NR;
   const int64_t NB = M <= 16 ? ES_NB : ES_NB_LARGE;
   constexpr int64_t SB = 64;  // weight rows that every chunk of x meets before the next ones
+#ifdef ES_HALF_TILES
+  if (M <= 16) {  // verify widths: half tiles (above)
+    static constexpr auto half =
+        half_table<WT>(std::make_integer_sequence<int, ES_HALF_MR>());
+    for (int64_t sb = n0; sb < n1; sb += SB) {
+      const int64_t sbe = sb + SB < n1 ? sb + SB : n1;
+      for (int64_t nb = sb; nb < sbe; nb += NB)
+        groups_meet_block(half, x, M, K, w, scale, y, ldy, nb, nb + NB < sbe ? nb + NB : sbe,
+                          ES_HALF_MR, ES_HALF_NR, M > 1 ? NB : 0);
+    }
+    return;
+  }
+#endif
   for (int64_t sb = n0; sb < n1; sb += SB) {
     const int64_t sbe = sb + SB < n1 ? sb + SB : n1;
     for (int64_t mb = 0; mb < M; mb += ES_MB) {

@@ -8,9 +8,16 @@ struct V { __m256 a, b; };
 static inline V vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 static inline V vset1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
 static inline V vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+// 8 bf16 as 8 floats (exact): the 16 bytes broadcast to both 128-bit lanes by the load, then one
+// in-lane byte shuffle puts each into the high half of its float (zeros below), a single µop
+// off the multiply-adds' ports (a widening and a shift took two, one of them on theirs)
 static inline __m256 bf16x8(const uint16_t* p) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  const __m256i b =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i idx = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7,
+                                       -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14,
+                                       15);
+  return _mm256_castsi256_ps(_mm256_shuffle_epi8(b, idx));
 }
 static inline V vload_bf16(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
 static inline __m256 i8x8(const int8_t* p) {
@@ -18,6 +25,12 @@ static inline __m256 i8x8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
 }
 static inline V vload_i8(const int8_t* p) { return {i8x8(p), i8x8(p + 8)}; }
+// 8 weights of a type at w + off as floats (impl.h's half tiles)
+template <int WT> static inline __m256 whalf(const void* w, int64_t off) {
+  if (WT == W_F32) return _mm256_loadu_ps(static_cast<const float*>(w) + off);
+  if (WT == W_BF16) return bf16x8(static_cast<const uint16_t*>(w) + off);
+  return i8x8(static_cast<const int8_t*>(w) + off);
+}
 static inline void vstore(float* p, V x) { _mm256_storeu_ps(p, x.a); _mm256_storeu_ps(p + 8, x.b); }
 static inline void vstore_i16(int16_t* p, V x) {  // integral lanes within int16
   __m256i h = _mm256_packs_epi32(_mm256_cvtps_epi32(x.a), _mm256_cvtps_epi32(x.b));
@@ -85,6 +98,12 @@ static inline void vhsum16(const V* a, float* out) {
 #define ES_AHEAD1 16
 #define ES_MR 4
 #define ES_NR 1
+// 2-16 rows of x: tiles of one 8-lane half of V at a time (impl.h's tile_half), ES_HALF_MR rows
+// x ES_HALF_NR columns: 8 accumulators, 4 x and 2 weight registers, each x load meeting 2
+// columns (V's tiles load x once per multiply-add pair: bound by loads, not multiply-adds)
+#define ES_HALF_TILES 1
+#define ES_HALF_MR 4
+#define ES_HALF_NR 2
 #define ES_MR_CONV 4  // ... for bf16 / int8 weights up to 16 rows of x, in tiles of ES_NR_CONV columns
 #define ES_NR_CONV 1
 #define ES_CONV_ONCE 64  // past this many rows of x, bf16 / int8 blocks converted once (linear_conv)
