@@ -68,15 +68,47 @@ static void amx_pack_x(const float* x, int64_t M, int64_t K, int64_t KB, uint16_
   }
 }
 
-// the C tile j's outputs [lo, 16) for the rows [m0, m0 + mr) of y
+// c (16 outputs x 16 rows of x, row-major) transposed in registers: the off-diagonal blocks of
+// 8, 4, 2 and 1 swapped in turn (t[m] = the 16 outputs of row m)
+static inline void amx_transpose(const float* c, __m512* t) {
+  for (int i = 0; i < 16; ++i) t[i] = _mm512_load_ps(c + 16 * i);
+  for (int b = 8; b >= 1; b /= 2) {
+    alignas(64) int lo[16], hi[16];
+    for (int j = 0; j < 16; ++j) {
+      lo[j] = (j & b) ? 16 + j - b : j;
+      hi[j] = (j & b) ? 16 + j : j + b;
+    }
+    const __m512i ilo = _mm512_load_si512(lo), ihi = _mm512_load_si512(hi);
+    for (int i = 0; i < 16; ++i)
+      if (!(i & b)) {
+        const __m512 a = t[i], d = t[i + b];
+        t[i] = _mm512_permutex2var_ps(a, ilo, d);
+        t[i + b] = _mm512_permutex2var_ps(a, ihi, d);
+      }
+  }
+}
+
+// the C tile's outputs [lo, 16) (times scale) for the rows [m0, m0 + mr) of y
 static inline void amx_store(const float* c, float* y, int64_t ldy, int64_t m0, int64_t mr,
                              int64_t n, int64_t lo, const float* scale) {
+  const __mmask16 keep = static_cast<__mmask16>(0xFFFFu << lo);
+  if (mr <= 2) {  // a row or two: gathered
+    const __m512i col = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                                                             11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(16));
+    for (int64_t m = 0; m < mr; ++m) {
+      __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32(m)), c, 4);
+      if (scale) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(keep, scale + n));
+      _mm512_mask_storeu_ps(y + (m0 + m) * ldy + n, keep, v);
+    }
+    return;
+  }
+  __m512 t[16];
+  amx_transpose(c, t);
+  const __m512 sv = scale ? _mm512_maskz_loadu_ps(keep, scale + n) : _mm512_setzero_ps();
   for (int64_t m = 0; m < mr; ++m) {
-    float* yr = y + (m0 + m) * ldy + n;
-    if (scale)
-      for (int64_t o = lo; o < 16; ++o) yr[o] = c[o * 16 + m] * scale[n + o];
-    else
-      for (int64_t o = lo; o < 16; ++o) yr[o] = c[o * 16 + m];
+    const __m512 v = scale ? _mm512_mul_ps(t[m], sv) : t[m];
+    _mm512_mask_storeu_ps(y + (m0 + m) * ldy + n, keep, v);
   }
 }
 
