@@ -22,6 +22,12 @@
 
 #include <vector>
 
+// blocks of 32 inputs per chunk of K past 16 rows of x (2 tiles x 16 rows x 8 x 64 bytes = 16 KB
+// of weights in L1; no effect on any result)
+constexpr int64_t kAmxChunk = 8;
+// bytes of packed x per chunk of rows past 16 rows (kept in L2 while every weight tile meets it)
+constexpr int64_t kAmxXChunk = 512 << 10;
+
 struct AmxConfig {  // the 64-byte tile configuration (palette 1)
   uint8_t palette, start_row, reserved[14];
   uint16_t colsb[16];
@@ -40,52 +46,83 @@ static inline void amx_configure() {
   _tile_loadconfig(&c);
 }
 
+// 32 inputs of a row of x from k (zeros past K) rounded to bf16 pairs: dword kp = inputs
+// k + 2 kp, k + 2 kp + 1 (round to nearest even)
+static inline __m512 amx_pairs(const float* xr, int64_t k, int64_t K) {
+  const int64_t r = K - k;
+  __m512 lo, hi;
+  if (r >= 32) {
+    lo = _mm512_loadu_ps(xr + k);
+    hi = _mm512_loadu_ps(xr + k + 16);
+  } else {
+    const __mmask16 mlo = r >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << r) - 1);
+    const __mmask16 mhi = r <= 16 ? 0 : static_cast<__mmask16>((1u << (r - 16)) - 1);
+    lo = _mm512_maskz_loadu_ps(mlo, xr + k);
+    hi = _mm512_maskz_loadu_ps(mhi, xr + k + 16);
+  }
+  return reinterpret_cast<__m512>(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+static inline void transpose16(__m512* t);
+
 // xb[((g * KB + kb) * 16 + kp) * 32 + 2 * m + e] = bf16(x[16 g + m, 32 kb + 2 kp + e]) (zeros
-// past K) for the rows of x; the columns of rows past M in the last group are left as they are:
-// they only reach outputs that are not stored
+// past K): a group of 4 or more rows as 16 x 16 pairs transposed in registers (rows past M
+// zero), fewer rows scattered a pair at a time (the columns of rows past M left as they are:
+// they only reach outputs that are not stored)
 static void amx_pack_x(const float* x, int64_t M, int64_t K, int64_t KB, uint16_t* xb) {
   const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
                                                            12, 13, 14, 15),
                                          _mm512_set1_epi32(16));  // dword kp at kp * 64 bytes
-  for (int64_t m = 0; m < M; ++m) {
-    const float* xr = x + m * K;
-    uint16_t* base = xb + (m / 16) * KB * 512 + 2 * (m % 16);
+  for (int64_t g = 0; g * 16 < M; ++g) {
+    const int64_t mr = M - 16 * g < 16 ? M - 16 * g : 16;
+    const float* xg = x + 16 * g * K;
+    uint16_t* bg = xb + g * KB * 512;
     for (int64_t kb = 0; kb < KB; ++kb) {
-      const int64_t k = 32 * kb, r = K - k;
-      __m512 lo, hi;
-      if (r >= 32) {
-        lo = _mm512_loadu_ps(xr + k);
-        hi = _mm512_loadu_ps(xr + k + 16);
+      if (mr >= 4) {
+        __m512 t[16];
+        for (int64_t m = 0; m < 16; ++m)
+          t[m] = m < mr ? amx_pairs(xg + m * K, 32 * kb, K) : _mm512_setzero_ps();
+        transpose16(t);  // t[kp] = dword kp of rows 0-15
+        for (int kp = 0; kp < 16; ++kp) _mm512_store_ps(reinterpret_cast<float*>(bg + kb * 512 + kp * 32), t[kp]);
       } else {
-        const __mmask16 mlo = r >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << r) - 1);
-        const __mmask16 mhi = r <= 16 ? 0 : static_cast<__mmask16>((1u << (r - 16)) - 1);
-        lo = _mm512_maskz_loadu_ps(mlo, xr + k);
-        hi = _mm512_maskz_loadu_ps(mhi, xr + k + 16);
+        for (int64_t m = 0; m < mr; ++m)
+          _mm512_i32scatter_epi32(bg + kb * 512 + 2 * m, idx,
+                                  reinterpret_cast<__m512i>(amx_pairs(xg + m * K, 32 * kb, K)), 4);
       }
-      const __m512i pairs = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-      _mm512_i32scatter_epi32(base + kb * 512, idx, pairs, 4);
     }
   }
 }
 
-// c (16 outputs x 16 rows of x, row-major) transposed in registers: the off-diagonal blocks of
-// 8, 4, 2 and 1 swapped in turn (t[m] = the 16 outputs of row m)
-static inline void amx_transpose(const float* c, __m512* t) {
-  for (int i = 0; i < 16; ++i) t[i] = _mm512_load_ps(c + 16 * i);
-  for (int b = 8; b >= 1; b /= 2) {
-    alignas(64) int lo[16], hi[16];
-    for (int j = 0; j < 16; ++j) {
-      lo[j] = (j & b) ? 16 + j - b : j;
-      hi[j] = (j & b) ? 16 + j : j + b;
-    }
-    const __m512i ilo = _mm512_load_si512(lo), ihi = _mm512_load_si512(hi);
-    for (int i = 0; i < 16; ++i)
+// 16 x 16 32-bit values transposed in registers: the off-diagonal blocks of 8, 4, 2 and 1
+// swapped in turn
+static inline void transpose16(__m512* t) {
+  // the permutation indices of stage b (block size 8, 4, 2, 1): lo[j] = (j & b) ? 16 + j - b : j,
+  // hi[j] = (j & b) ? 16 + j : j + b
+  alignas(64) static const int kIdx[4][2][16] = {
+      {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+       {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}},
+      {{0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+       {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}},
+      {{0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+       {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}},
+      {{0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30},
+       {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}}};
+  _Pragma("GCC unroll 4") for (int s = 0; s < 4; ++s) {
+    const int b = 8 >> s;
+    const __m512i ilo = _mm512_load_si512(kIdx[s][0]), ihi = _mm512_load_si512(kIdx[s][1]);
+    _Pragma("GCC unroll 16") for (int i = 0; i < 16; ++i)
       if (!(i & b)) {
         const __m512 a = t[i], d = t[i + b];
         t[i] = _mm512_permutex2var_ps(a, ilo, d);
         t[i + b] = _mm512_permutex2var_ps(a, ihi, d);
       }
   }
+}
+
+// c (16 outputs x 16 rows of x, row-major) transposed: t[m] = the 16 outputs of row m
+static inline void amx_transpose(const float* c, __m512* t) {
+  for (int i = 0; i < 16; ++i) t[i] = _mm512_load_ps(c + 16 * i);
+  transpose16(t);
 }
 
 // the C tile's outputs [lo, 16) (times scale) for the rows [m0, m0 + mr) of y
@@ -174,6 +211,47 @@ static void amx_tiles(const AmxTile* tiles, const uint16_t* xb, int64_t M, int64
 #undef ES_AMX_TAIL
 #undef ES_AMX_OUT
 
+// Past 16 rows of x (prefill): TN (1-2) weight tiles against TM (1-2) groups of 16 rows, over
+// the blocks [kb0, kb1) of K only, the accumulators loaded from cb (or zeroed at kb0 = 0) and
+// stored back: the caller walks K in chunks whose weights stay in L1 while every group of x
+// meets them. A float32 tile stored and loaded again is exact, so every output gets the same
+// TDPBF16PS in the same block order as in amx_tiles: the same bits.
+// (C(i, j) in tmm 2i + j, weights i in tmm 4 + i, x group j in tmm 6 + j)
+// (C(i, j) = tile T: group j's accumulators for weight tile i at cb + (2 j + i) * 256)
+#define ES_AMX_C(I, J, T, OP) \
+  if (I < TN && J < TM) OP(T, cb + (2 * J + I) * 256, 64);
+#define ES_AMX_ZERO(I, J, T) \
+  if (I < TN && J < TM) _tile_zero(T);
+template <int TN, int TM>
+static void amx_chunk(const AmxTile* tiles, const uint16_t* xg, int64_t KB, int64_t KF,
+                      int64_t kb0, int64_t kb1, float* cb) {
+  if (kb0 == 0) {
+    ES_AMX_ZERO(0, 0, 0) ES_AMX_ZERO(0, 1, 1) ES_AMX_ZERO(1, 0, 2) ES_AMX_ZERO(1, 1, 3)
+  } else {
+    ES_AMX_C(0, 0, 0, _tile_loadd) ES_AMX_C(0, 1, 1, _tile_loadd)
+    ES_AMX_C(1, 0, 2, _tile_loadd) ES_AMX_C(1, 1, 3, _tile_loadd)
+  }
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
+    _tile_loadd(6, xg + kb * 512, 64);
+    if (TM > 1) _tile_loadd(7, xg + (KB + kb) * 512, 64);
+    if (kb < KF) {
+      _tile_loadd(4, tiles[0].a + kb * 32, tiles[0].lda * 2);
+      if (TN > 1) _tile_loadd(5, tiles[1].a + kb * 32, tiles[1].lda * 2);
+    } else {
+      _tile_loadd(4, tiles[0].tail, 64);
+      if (TN > 1) _tile_loadd(5, tiles[1].tail, 64);
+    }
+    _tile_dpbf16ps(0, 4, 6);
+    if (TM > 1) _tile_dpbf16ps(1, 4, 7);
+    if (TN > 1) _tile_dpbf16ps(2, 5, 6);
+    if (TN > 1 && TM > 1) _tile_dpbf16ps(3, 5, 7);
+  }
+  ES_AMX_C(0, 0, 0, _tile_stored) ES_AMX_C(0, 1, 1, _tile_stored)
+  ES_AMX_C(1, 0, 2, _tile_stored) ES_AMX_C(1, 1, 3, _tile_stored)
+}
+#undef ES_AMX_C
+#undef ES_AMX_ZERO
+
 // the part block of K of 16 weight rows (row stride lda) into tb, zero-padded to 16 x 32
 static inline void amx_tail_copy(const uint16_t* a, int64_t lda, int64_t K, int64_t KF,
                                  uint16_t* tb) {
@@ -190,8 +268,9 @@ static void linear_amx(const float* x, int64_t M, int64_t K, const uint16_t* w,
   thread_local std::vector<uint16_t> xbuf, tails, pad;
   thread_local std::vector<float> ys;
   const size_t xsize = static_cast<size_t>((M + 15) / 16 * KB * 512);
-  if (xbuf.size() < xsize) xbuf.resize(xsize);
-  amx_pack_x(x, M, K, KB, xbuf.data());
+  if (xbuf.size() < xsize + 32) xbuf.resize(xsize + 32);
+  uint16_t* xb = xbuf.data() + (32 - (reinterpret_cast<uintptr_t>(xbuf.data()) / 2) % 32) % 32;
+  amx_pack_x(x, M, K, KB, xb);  // 64-byte aligned tiles
   if (KF < KB && tails.size() < 4 * 512) tails.resize(4 * 512);
   amx_configure();
   if (n1 < 16) {  // fewer than 16 weight rows up to n1: rows [n0, n1) through a padded copy
@@ -205,19 +284,30 @@ static void linear_amx(const float* x, int64_t M, int64_t K, const uint16_t* w,
       amx_tail_copy(pad.data(), K, K, KF, tails.data());
       a.tail = tails.data();
     }
-    amx_tiles<1>(&a, xbuf.data(), M, KB, KF, nullptr, ys.data(), 16);
+    amx_tiles<1>(&a, xb, M, KB, KF, nullptr, ys.data(), 16);
     for (int64_t m = 0; m < M; ++m)
       for (int64_t o = 0; o < rows; ++o)
         y[m * ldy + n0 + o] = scale ? ys[m * 16 + o] * scale[n0 + o] : ys[m * 16 + o];
     _tile_release();
     return;
   }
-  // tiles of 16 output rows, four at a time; a part tile is the 16 rows ending at n1, the rows
-  // before its first new output computed again and not stored
-  for (int64_t n = n0; n < n1; n += 64) {
+  // tiles of 16 output rows, four at a time (two past 16 rows of x); a part tile is the 16 rows
+  // ending at n1, the rows before its first new output computed again and not stored
+  const bool wide = M > 16;
+  const int64_t groups = (M + 15) / 16, step = wide ? 32 : 64;
+  thread_local std::vector<float> cbuf;
+  if (wide && cbuf.size() < static_cast<size_t>(groups * 2 * 256 + 16))
+    cbuf.resize(groups * 2 * 256 + 16);
+  // past 16 rows, the groups of x in chunks whose packed rows stay in L2 (kAmxXChunk bytes)
+  // while every tile of weights meets them
+  const int64_t gx = kAmxXChunk / (KB * 1024) / 2 * 2;  // even: pairs of groups
+  const int64_t gc = wide ? (gx > 2 ? gx : 2) : groups;
+  for (int64_t g0 = 0; g0 < groups; g0 += gc) {
+  const int64_t g1 = g0 + gc < groups ? g0 + gc : groups;
+  for (int64_t n = n0; n < n1; n += step) {
     AmxTile tiles[4];
     int t = 0;
-    for (int64_t nt = n; nt < n1 && nt < n + 64; nt += 16, ++t) {
+    for (int64_t nt = n; nt < n1 && nt < n + step; nt += 16, ++t) {
       AmxTile& a = tiles[t];
       a.n = nt + 16 <= n1 ? nt : n1 - 16;
       a.lo = nt - a.n;
@@ -229,12 +319,34 @@ static void linear_amx(const float* x, int64_t M, int64_t K, const uint16_t* w,
         a.tail = tails.data() + t * 512;
       }
     }
-    switch (t) {
-      case 1: amx_tiles<1>(tiles, xbuf.data(), M, KB, KF, scale, y, ldy); break;
-      case 2: amx_tiles<2>(tiles, xbuf.data(), M, KB, KF, scale, y, ldy); break;
-      case 3: amx_tiles<3>(tiles, xbuf.data(), M, KB, KF, scale, y, ldy); break;
-      default: amx_tiles<4>(tiles, xbuf.data(), M, KB, KF, scale, y, ldy);
+    if (wide) {  // K in chunks of kAmxChunk blocks, pairs of groups of x against the tiles
+      float* cb = cbuf.data() + (16 - (reinterpret_cast<uintptr_t>(cbuf.data()) / 4) % 16) % 16;
+      for (int64_t kb0 = 0; kb0 < KB; kb0 += kAmxChunk) {
+        const int64_t kb1 = kb0 + kAmxChunk < KB ? kb0 + kAmxChunk : KB;
+        for (int64_t g = g0; g < g1; g += 2) {
+          const uint16_t* xg = xb + g * KB * 512;
+          float* c = cb + g * 2 * 256;  // group g's tiles, then group g + 1's
+          const bool two = g + 1 < g1;
+          if (t == 2 && two) amx_chunk<2, 2>(tiles, xg, KB, KF, kb0, kb1, c);
+          else if (t == 2) amx_chunk<2, 1>(tiles, xg, KB, KF, kb0, kb1, c);
+          else if (two) amx_chunk<1, 2>(tiles, xg, KB, KF, kb0, kb1, c);
+          else amx_chunk<1, 1>(tiles, xg, KB, KF, kb0, kb1, c);
+        }
+      }
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t mr = M - 16 * g < 16 ? M - 16 * g : 16;
+        for (int i = 0; i < t; ++i)
+          amx_store(cb + (g * 2 + i) * 256, y, ldy, 16 * g, mr, tiles[i].n, tiles[i].lo, scale);
+      }
+      continue;
     }
+    switch (t) {
+      case 1: amx_tiles<1>(tiles, xb, M, KB, KF, scale, y, ldy); break;
+      case 2: amx_tiles<2>(tiles, xb, M, KB, KF, scale, y, ldy); break;
+      case 3: amx_tiles<3>(tiles, xb, M, KB, KF, scale, y, ldy); break;
+      default: amx_tiles<4>(tiles, xb, M, KB, KF, scale, y, ldy);
+    }
+  }
   }
   _tile_release();
 }
