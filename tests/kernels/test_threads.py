@@ -125,3 +125,20 @@ def test_changing_the_count_between_forwards_changes_no_bit(monkeypatch, threads
         assert [g.token_ids for g in a] == [g.token_ids for g in b]
         for ga, gb in zip(a, b, strict=True):
             assert torch.equal(torch.tensor(ga.logprobs), torch.tensor(gb.logprobs))
+
+
+def test_importing_exactspec_first_shortens_openmp_spinning():
+    """`import exactspec` before torch sets libgomp's spin count (idle OpenMP threads that spin
+    take a busy machine's free core); a user's own setting is kept."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import exactspec, os; print(os.environ['GOMP_SPINCOUNT'])"
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "1000"
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "GOMP_SPINCOUNT": "7"},
+                         capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "7"
