@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from exactspec import SamplingParams, kernels
-from exactspec.audit.stats import chi_square, power
+from exactspec.audit.stats import chi_square
 from exactspec.drafters import QuantizedDraft
 from exactspec.engine import generate
 from exactspec.models.adapter import TargetAdapter
@@ -124,7 +124,7 @@ def test_the_law_of_the_first_tokens_on_amx(amx):
     engine's counts plain and with the int8 self-draft (chi-square, false alarm 1e-6 each);
     the wrong variant (qwen3 without its q/k norms, the same bf16 weights) is rejected."""
     from tests.models.test_architecture_law import ROWS, V, _counts
-    from tests.models.test_lean_architectures import WRONG, _lean_law
+    from tests.models.test_lean_architectures import WRONG, _lean_law, assert_wrong_variant_rejected
 
     torch.set_num_threads(1)
     model = _tiny_bf16("qwen3", vocab=V)
@@ -137,10 +137,4 @@ def test_the_law_of_the_first_tokens_on_amx(amx):
         assert result.dof > 100 and not result.rejected, result
     bad = _tiny_bf16("qwen3", vocab=V)
     WRONG["qwen3"]["q/k norms skipped"](lean_forward_for(bad))
-    wrong_law = _lean_law(bad)
-    rows = next((r for r in (ROWS, 2 * ROWS, 4 * ROWS) if power(law, wrong_law, r) > 1 - 1e-6),
-                None)
-    assert rows is not None, "the wrong variant's law is too close to the model's to test here"
-    counts, _ = _counts(bad, None, seed=32, rows=rows)
-    assert chi_square(counts, law).rejected
-    assert not chi_square(counts, wrong_law).rejected
+    assert_wrong_variant_rejected(law, bad, seed=32)

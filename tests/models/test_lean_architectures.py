@@ -297,11 +297,17 @@ def test_a_wrong_lean_variant_is_caught(laws, name, wrong):
     _, law = _model_and_law(laws, name)
     bad = model_of(name, vocab=V)  # the same weights, a fresh lean forward to alter
     WRONG[name][wrong](lean_forward_for(bad))
+    assert_wrong_variant_rejected(law, bad, seed=22)
+
+
+def assert_wrong_variant_rejected(law: torch.Tensor, bad, seed: int) -> None:
+    """`bad` (a wrong variant) through the engine, with the rows needed to see it at 1e-6: its
+    counts reject `law` and fit its own lean forward's law."""
     wrong_law = _lean_law(bad)
     rows = next((r for r in (ROWS, 2 * ROWS, 4 * ROWS) if power(law, wrong_law, r) > 1 - 1e-6),
                 None)
     assert rows is not None, "the wrong variant's law is too close to the model's to test here"
-    counts, _ = _counts(bad, None, seed=22, rows=rows)
+    counts, _ = _counts(bad, None, seed=seed, rows=rows)
     assert chi_square(counts, law).rejected
     assert not chi_square(counts, wrong_law).rejected
 
