@@ -26,10 +26,11 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 COMMON = ["-O3", "-std=c++17", "-fPIC", "-ffp-contract=off", "-fno-math-errno",
           "-fno-trapping-math"]
+VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mavx2", "-mfma"]
 AMX_FLAGS = ["-mamx-tile", "-mamx-bf16", "-mavx512bf16"]  # the amx unit's, where taken
 ISA_FLAGS = {  # unit -> its instruction-set flags
-    "amx": ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mavx2", "-mfma"],  # + AMX_FLAGS
-    "avx512vnni": ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mavx2", "-mfma"],
+    "amx": VNNI_FLAGS,  # + AMX_FLAGS
+    "avx512vnni": VNNI_FLAGS,
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma"],
     "avx2": ["-mavx2", "-mfma"],
     "portable": [],

@@ -411,28 +411,27 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
   const int64_t nrmax = conv ? ES_NR_CONV : ES_NR;
   const int64_t NB = M <= 16 ? ES_NB : ES_NB_LARGE;
   constexpr int64_t SB = 64;  // weight rows that every chunk of x meets before the next ones
-#ifdef ES_HALF_TILES
-  if (M <= 16) {  // verify widths: half tiles (above)
-    static constexpr auto half =
-        half_table<WT>(std::make_integer_sequence<int, ES_HALF_MR>());
+  // every chunk of x's rows meets the weight rows SB at a time, in blocks of NB, through the
+  // tiles of `tiles` (at most `mr` rows x `nr` columns)
+  auto walk = [&](const auto& tiles, int64_t mr, int64_t nr) {
     for (int64_t sb = n0; sb < n1; sb += SB) {
       const int64_t sbe = sb + SB < n1 ? sb + SB : n1;
-      for (int64_t nb = sb; nb < sbe; nb += NB)
-        groups_meet_block(half, x, M, K, w, scale, y, ldy, nb, nb + NB < sbe ? nb + NB : sbe,
-                          ES_HALF_MR, ES_HALF_NR, M > 1 ? NB : 0);
+      for (int64_t mb = 0; mb < M; mb += ES_MB) {
+        const int64_t mc = M - mb < ES_MB ? M - mb : ES_MB;  // rows in this chunk
+        for (int64_t nb = sb; nb < sbe; nb += NB)
+          groups_meet_block(tiles, x + mb * K, mc, K, w, scale, y + mb * ldy, ldy, nb,
+                            nb + NB < sbe ? nb + NB : sbe, mr, nr, mb == 0 && M > 1 ? NB : 0);
+      }
     }
+  };
+#ifdef ES_HALF_TILES
+  if (M <= 16) {  // verify widths: half tiles (above)
+    static constexpr auto half = half_table<WT>(std::make_integer_sequence<int, ES_HALF_MR>());
+    walk(half, ES_HALF_MR, ES_HALF_NR);
     return;
   }
 #endif
-  for (int64_t sb = n0; sb < n1; sb += SB) {
-    const int64_t sbe = sb + SB < n1 ? sb + SB : n1;
-    for (int64_t mb = 0; mb < M; mb += ES_MB) {
-      const int64_t mc = M - mb < ES_MB ? M - mb : ES_MB;  // rows in this chunk
-      for (int64_t nb = sb; nb < sbe; nb += NB)
-        groups_meet_block(table, x + mb * K, mc, K, w, scale, y + mb * ldy, ldy, nb,
-                          nb + NB < sbe ? nb + NB : sbe, cap, nrmax, mb == 0 && M > 1 ? NB : 0);
-    }
-  }
+  walk(table, cap, nrmax);
 }
 
 static void linear(const float* x, int64_t M, int64_t K, const void* w, int wtype,

@@ -34,7 +34,7 @@ struct AmxConfig {  // the 64-byte tile configuration (palette 1)
   uint8_t rows[16];
 };
 
-// every tile 16 rows x 64 bytes: C in tmm0-3, x in tmm4, weights in tmm5 / tmm6
+// every tile 16 rows x 64 bytes (which tile holds what: amx_tiles, amx_chunk)
 static inline void amx_configure() {
   alignas(64) AmxConfig c;
   std::memset(&c, 0, sizeof c);
@@ -63,36 +63,6 @@ static inline __m512 amx_pairs(const float* xr, int64_t k, int64_t K) {
   return reinterpret_cast<__m512>(_mm512_cvtne2ps_pbh(hi, lo));
 }
 
-static inline void transpose16(__m512* t);
-
-// xb[((g * KB + kb) * 16 + kp) * 32 + 2 * m + e] = bf16(x[16 g + m, 32 kb + 2 kp + e]) (zeros
-// past K): a group of 4 or more rows as 16 x 16 pairs transposed in registers (rows past M
-// zero), fewer rows scattered a pair at a time (the columns of rows past M left as they are:
-// they only reach outputs that are not stored)
-static void amx_pack_x(const float* x, int64_t M, int64_t K, int64_t KB, uint16_t* xb) {
-  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                                           12, 13, 14, 15),
-                                         _mm512_set1_epi32(16));  // dword kp at kp * 64 bytes
-  for (int64_t g = 0; g * 16 < M; ++g) {
-    const int64_t mr = M - 16 * g < 16 ? M - 16 * g : 16;
-    const float* xg = x + 16 * g * K;
-    uint16_t* bg = xb + g * KB * 512;
-    for (int64_t kb = 0; kb < KB; ++kb) {
-      if (mr >= 4) {
-        __m512 t[16];
-        for (int64_t m = 0; m < 16; ++m)
-          t[m] = m < mr ? amx_pairs(xg + m * K, 32 * kb, K) : _mm512_setzero_ps();
-        transpose16(t);  // t[kp] = dword kp of rows 0-15
-        for (int kp = 0; kp < 16; ++kp) _mm512_store_ps(reinterpret_cast<float*>(bg + kb * 512 + kp * 32), t[kp]);
-      } else {
-        for (int64_t m = 0; m < mr; ++m)
-          _mm512_i32scatter_epi32(bg + kb * 512 + 2 * m, idx,
-                                  reinterpret_cast<__m512i>(amx_pairs(xg + m * K, 32 * kb, K)), 4);
-      }
-    }
-  }
-}
-
 // 16 x 16 32-bit values transposed in registers: the off-diagonal blocks of 8, 4, 2 and 1
 // swapped in turn
 static inline void transpose16(__m512* t) {
@@ -119,20 +89,51 @@ static inline void transpose16(__m512* t) {
   }
 }
 
+// the dword offsets 0, 16, ..., 240: column m of a 16 x 16 tile of dwords from element m
+static inline __m512i amx_column() {
+  return _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224,
+                           240);
+}
+
+// xb[((g * KB + kb) * 16 + kp) * 32 + 2 * m + e] = bf16(x[16 g + m, 32 kb + 2 kp + e]) (zeros
+// past K): a group of 4 or more rows as 16 x 16 pairs transposed in registers (rows past M
+// zero), fewer rows scattered a pair at a time (the columns of rows past M left as they are:
+// they only reach outputs that are not stored)
+static void amx_pack_x(const float* x, int64_t M, int64_t K, int64_t KB, uint16_t* xb) {
+  const __m512i idx = amx_column();  // dword kp of a row's pairs at kp * 64 bytes
+  for (int64_t g = 0; g * 16 < M; ++g) {
+    const int64_t mr = M - 16 * g < 16 ? M - 16 * g : 16;
+    const float* xg = x + 16 * g * K;
+    uint16_t* bg = xb + g * KB * 512;
+    for (int64_t kb = 0; kb < KB; ++kb) {
+      if (mr >= 4) {
+        __m512 t[16];
+        for (int64_t m = 0; m < 16; ++m)
+          t[m] = m < mr ? amx_pairs(xg + m * K, 32 * kb, K) : _mm512_setzero_ps();
+        transpose16(t);  // t[kp] = dword kp of rows 0-15
+        float* tile = reinterpret_cast<float*>(bg + kb * 512);
+        for (int kp = 0; kp < 16; ++kp) _mm512_store_ps(tile + kp * 16, t[kp]);
+      } else {
+        for (int64_t m = 0; m < mr; ++m)
+          _mm512_i32scatter_epi32(bg + kb * 512 + 2 * m, idx,
+                                  reinterpret_cast<__m512i>(amx_pairs(xg + m * K, 32 * kb, K)), 4);
+      }
+    }
+  }
+}
+
 // c (16 outputs x 16 rows of x, row-major) transposed: t[m] = the 16 outputs of row m
 static inline void amx_transpose(const float* c, __m512* t) {
   for (int i = 0; i < 16; ++i) t[i] = _mm512_load_ps(c + 16 * i);
   transpose16(t);
 }
 
-// the C tile's outputs [lo, 16) (times scale) for the rows [m0, m0 + mr) of y
+// the C tile's outputs [lo, hi) (times scale) for the rows [m0, m0 + mr) of y: y[.., n + o]
 static inline void amx_store(const float* c, float* y, int64_t ldy, int64_t m0, int64_t mr,
-                             int64_t n, int64_t lo, const float* scale) {
-  const __mmask16 keep = static_cast<__mmask16>(0xFFFFu << lo);
+                             int64_t n, int64_t lo, int64_t hi, const float* scale) {
+  const __mmask16 keep = static_cast<__mmask16>((0xFFFFu << lo) & (0xFFFFu >> (16 - hi)));
   if (mr <= 2) {  // a row or two: gathered
-    const __m512i col = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
-                                                             11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32(16));
+    const __m512i col = amx_column();
     for (int64_t m = 0; m < mr; ++m) {
       __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32(m)), c, 4);
       if (scale) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(keep, scale + n));
@@ -154,7 +155,7 @@ struct AmxTile {
   const uint16_t* a;
   int64_t lda;
   const uint16_t* tail;  // 16 x 32, zero-padded (null when K % 32 == 0)
-  int64_t n, lo;         // its first output row in y, and the first of its rows to store
+  int64_t n, lo, hi;     // its first output row in y, and its rows [lo, hi) to store
 };
 
 // (tile numbers are immediates: C tile J, weights in A = 5 or 6 by turns)
@@ -171,10 +172,11 @@ struct AmxTile {
 #define ES_AMX_OUT(J, T)                                                                     \
   if (J < T) {                                                                               \
     _tile_stored(J, c, 64);                                                                  \
-    amx_store(c, y, ldy, 16 * g, mr, tiles[J].n, tiles[J].lo, scale);                        \
+    amx_store(c, y, ldy, 16 * g, mr, tiles[J].n, tiles[J].lo, tiles[J].hi, scale);           \
   }
 
-// T (1-4) weight tiles against every group of 16 rows of x (packed in xb)
+// T (1-4) weight tiles against every group of 16 rows of x (packed in xb): C tile J in tmm J,
+// x in tmm4, the weights in tmm5 / tmm6 by turns
 template <int T>
 static void amx_tiles(const AmxTile* tiles, const uint16_t* xb, int64_t M, int64_t KB,
                       int64_t KF, const float* scale, float* y, int64_t ldy) {
@@ -215,9 +217,9 @@ static void amx_tiles(const AmxTile* tiles, const uint16_t* xb, int64_t M, int64
 // the blocks [kb0, kb1) of K only, the accumulators loaded from cb (or zeroed at kb0 = 0) and
 // stored back: the caller walks K in chunks whose weights stay in L1 while every group of x
 // meets them. A float32 tile stored and loaded again is exact, so every output gets the same
-// TDPBF16PS in the same block order as in amx_tiles: the same bits.
-// (C(i, j) in tmm 2i + j, weights i in tmm 4 + i, x group j in tmm 6 + j)
-// (C(i, j) = tile T: group j's accumulators for weight tile i at cb + (2 j + i) * 256)
+// TDPBF16PS in the same block order as in amx_tiles: the same bits. C(i, j) (weight tile i,
+// group j) in tmm 2i + j (the immediate T), kept at cb + (2 j + i) * 256; weights i in
+// tmm 4 + i, x group j in tmm 6 + j.
 #define ES_AMX_C(I, J, T, OP) \
   if (I < TN && J < TM) OP(T, cb + (2 * J + I) * 256, 64);
 #define ES_AMX_ZERO(I, J, T) \
@@ -260,93 +262,93 @@ static inline void amx_tail_copy(const uint16_t* a, int64_t lda, int64_t K, int6
     std::memcpy(tb + r * 32, a + r * lda + KF * 32, (K - KF * 32) * sizeof(uint16_t));
 }
 
+// the weight tiles of the output rows [n, min(n + 16 * most, n1)) of w (n1 >= 16): 16 rows
+// each, a part tile as the 16 rows ending at n1 (the rows before its first new output computed
+// again, not stored); K's part block copied to tails; returns how many
+static inline int amx_set_tiles(const uint16_t* w, int64_t K, int64_t KF, int64_t n, int64_t n1,
+                                int most, uint16_t* tails, AmxTile* tiles) {
+  int t = 0;
+  for (int64_t nt = n; nt < n1 && t < most; nt += 16, ++t) {
+    AmxTile& a = tiles[t];
+    a.n = nt + 16 <= n1 ? nt : n1 - 16;
+    a.lo = nt - a.n;
+    a.hi = 16;
+    a.a = w + a.n * K;
+    a.lda = K;
+    a.tail = nullptr;
+    if (KF * 32 < K) {
+      amx_tail_copy(a.a, K, K, KF, tails + t * 512);
+      a.tail = tails + t * 512;
+    }
+  }
+  return t;
+}
+
 // y[m, n] = scale[n] * sum_k bf16(x[m, k]) w[n, k] for n in [n0, n1), every m < M (see above)
 static void linear_amx(const float* x, int64_t M, int64_t K, const uint16_t* w,
                        const float* scale, float* y, int64_t ldy, int64_t n0, int64_t n1) {
   if (n0 >= n1 || M <= 0) return;
-  const int64_t KB = (K + 31) / 32, KF = K / 32;
+  const int64_t KB = (K + 31) / 32, KF = K / 32, groups = (M + 15) / 16;
   thread_local std::vector<uint16_t> xbuf, tails, pad;
-  thread_local std::vector<float> ys;
-  const size_t xsize = static_cast<size_t>((M + 15) / 16 * KB * 512);
+  thread_local std::vector<float> cbuf;
+  const size_t xsize = static_cast<size_t>(groups * KB * 512);
   if (xbuf.size() < xsize + 32) xbuf.resize(xsize + 32);
   uint16_t* xb = xbuf.data() + (32 - (reinterpret_cast<uintptr_t>(xbuf.data()) / 2) % 32) % 32;
   amx_pack_x(x, M, K, KB, xb);  // 64-byte aligned tiles
   if (KF < KB && tails.size() < 4 * 512) tails.resize(4 * 512);
   amx_configure();
   if (n1 < 16) {  // fewer than 16 weight rows up to n1: rows [n0, n1) through a padded copy
-    const int64_t rows = n1 - n0;
     if (pad.size() < static_cast<size_t>(16 * K)) pad.resize(16 * K);
     std::memset(pad.data(), 0, 16 * K * sizeof(uint16_t));
-    std::memcpy(pad.data(), w + n0 * K, rows * K * sizeof(uint16_t));
-    if (ys.size() < static_cast<size_t>(M * 16)) ys.resize(M * 16);
-    AmxTile a{pad.data(), K, nullptr, 0, 0};
+    std::memcpy(pad.data(), w + n0 * K, (n1 - n0) * K * sizeof(uint16_t));
+    AmxTile a{pad.data(), K, nullptr, n0, 0, n1 - n0};
     if (KF < KB) {
       amx_tail_copy(pad.data(), K, K, KF, tails.data());
       a.tail = tails.data();
     }
-    amx_tiles<1>(&a, xb, M, KB, KF, nullptr, ys.data(), 16);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t o = 0; o < rows; ++o)
-        y[m * ldy + n0 + o] = scale ? ys[m * 16 + o] * scale[n0 + o] : ys[m * 16 + o];
-    _tile_release();
-    return;
-  }
-  // tiles of 16 output rows, four at a time (two past 16 rows of x); a part tile is the 16 rows
-  // ending at n1, the rows before its first new output computed again and not stored
-  const bool wide = M > 16;
-  const int64_t groups = (M + 15) / 16, step = wide ? 32 : 64;
-  thread_local std::vector<float> cbuf;
-  if (wide && cbuf.size() < static_cast<size_t>(groups * 2 * 256 + 16))
-    cbuf.resize(groups * 2 * 256 + 16);
-  // past 16 rows, the groups of x in chunks whose packed rows stay in L2 (kAmxXChunk bytes)
-  // while every tile of weights meets them
-  const int64_t gx = kAmxXChunk / (KB * 1024) / 2 * 2;  // even: pairs of groups
-  const int64_t gc = wide ? (gx > 2 ? gx : 2) : groups;
-  for (int64_t g0 = 0; g0 < groups; g0 += gc) {
-  const int64_t g1 = g0 + gc < groups ? g0 + gc : groups;
-  for (int64_t n = n0; n < n1; n += step) {
-    AmxTile tiles[4];
-    int t = 0;
-    for (int64_t nt = n; nt < n1 && nt < n + step; nt += 16, ++t) {
-      AmxTile& a = tiles[t];
-      a.n = nt + 16 <= n1 ? nt : n1 - 16;
-      a.lo = nt - a.n;
-      a.a = w + a.n * K;
-      a.lda = K;
-      a.tail = nullptr;
-      if (KF < KB) {
-        amx_tail_copy(a.a, K, K, KF, tails.data() + t * 512);
-        a.tail = tails.data() + t * 512;
+    amx_tiles<1>(&a, xb, M, KB, KF, scale, y, ldy);
+  } else if (M <= 16) {  // one group of x: weight tiles four at a time
+    for (int64_t n = n0; n < n1; n += 64) {
+      AmxTile tiles[4];
+      switch (amx_set_tiles(w, K, KF, n, n1, 4, tails.data(), tiles)) {
+        case 1: amx_tiles<1>(tiles, xb, M, KB, KF, scale, y, ldy); break;
+        case 2: amx_tiles<2>(tiles, xb, M, KB, KF, scale, y, ldy); break;
+        case 3: amx_tiles<3>(tiles, xb, M, KB, KF, scale, y, ldy); break;
+        default: amx_tiles<4>(tiles, xb, M, KB, KF, scale, y, ldy);
       }
     }
-    if (wide) {  // K in chunks of kAmxChunk blocks, pairs of groups of x against the tiles
-      float* cb = cbuf.data() + (16 - (reinterpret_cast<uintptr_t>(cbuf.data()) / 4) % 16) % 16;
-      for (int64_t kb0 = 0; kb0 < KB; kb0 += kAmxChunk) {
-        const int64_t kb1 = kb0 + kAmxChunk < KB ? kb0 + kAmxChunk : KB;
-        for (int64_t g = g0; g < g1; g += 2) {
-          const uint16_t* xg = xb + g * KB * 512;
-          float* c = cb + g * 2 * 256;  // group g's tiles, then group g + 1's
-          const bool two = g + 1 < g1;
-          if (t == 2 && two) amx_chunk<2, 2>(tiles, xg, KB, KF, kb0, kb1, c);
-          else if (t == 2) amx_chunk<2, 1>(tiles, xg, KB, KF, kb0, kb1, c);
-          else if (two) amx_chunk<1, 2>(tiles, xg, KB, KF, kb0, kb1, c);
-          else amx_chunk<1, 1>(tiles, xg, KB, KF, kb0, kb1, c);
+  } else {  // prefill: two weight tiles against pairs of groups, x and K in chunks (amx_chunk)
+    if (cbuf.size() < static_cast<size_t>(groups * 2 * 256 + 16))
+      cbuf.resize(groups * 2 * 256 + 16);
+    float* cb = cbuf.data() + (16 - (reinterpret_cast<uintptr_t>(cbuf.data()) / 4) % 16) % 16;
+    // the groups of x in chunks whose packed rows stay in L2 (kAmxXChunk bytes) while every
+    // weight tile meets them, an even number: pairs of groups
+    const int64_t gx = kAmxXChunk / (KB * 1024) / 2 * 2, gc = gx > 2 ? gx : 2;
+    for (int64_t g0 = 0; g0 < groups; g0 += gc) {
+      const int64_t g1 = g0 + gc < groups ? g0 + gc : groups;
+      for (int64_t n = n0; n < n1; n += 32) {
+        AmxTile tiles[2];
+        const int t = amx_set_tiles(w, K, KF, n, n1, 2, tails.data(), tiles);
+        for (int64_t kb0 = 0; kb0 < KB; kb0 += kAmxChunk) {
+          const int64_t kb1 = kb0 + kAmxChunk < KB ? kb0 + kAmxChunk : KB;
+          for (int64_t g = g0; g < g1; g += 2) {
+            const uint16_t* xg = xb + g * KB * 512;
+            float* c = cb + g * 2 * 256;  // group g's tiles, then group g + 1's
+            const bool two = g + 1 < g1;
+            if (t == 2 && two) amx_chunk<2, 2>(tiles, xg, KB, KF, kb0, kb1, c);
+            else if (t == 2) amx_chunk<2, 1>(tiles, xg, KB, KF, kb0, kb1, c);
+            else if (two) amx_chunk<1, 2>(tiles, xg, KB, KF, kb0, kb1, c);
+            else amx_chunk<1, 1>(tiles, xg, KB, KF, kb0, kb1, c);
+          }
+        }
+        for (int64_t g = g0; g < g1; ++g) {
+          const int64_t mr = M - 16 * g < 16 ? M - 16 * g : 16;
+          for (int i = 0; i < t; ++i)
+            amx_store(cb + (g * 2 + i) * 256, y, ldy, 16 * g, mr, tiles[i].n, tiles[i].lo,
+                      tiles[i].hi, scale);
         }
       }
-      for (int64_t g = g0; g < g1; ++g) {
-        const int64_t mr = M - 16 * g < 16 ? M - 16 * g : 16;
-        for (int i = 0; i < t; ++i)
-          amx_store(cb + (g * 2 + i) * 256, y, ldy, 16 * g, mr, tiles[i].n, tiles[i].lo, scale);
-      }
-      continue;
     }
-    switch (t) {
-      case 1: amx_tiles<1>(tiles, xb, M, KB, KF, scale, y, ldy); break;
-      case 2: amx_tiles<2>(tiles, xb, M, KB, KF, scale, y, ldy); break;
-      case 3: amx_tiles<3>(tiles, xb, M, KB, KF, scale, y, ldy); break;
-      default: amx_tiles<4>(tiles, xb, M, KB, KF, scale, y, ldy);
-    }
-  }
   }
   _tile_release();
 }

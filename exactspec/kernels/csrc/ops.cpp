@@ -60,8 +60,11 @@ const Isa* by_name(const std::string& name) {
   return nullptr;
 }
 
+// every unit, the first choice first (portable runs anywhere)
+constexpr const char* kUnits[] = {"amx", "avx512vnni", "avx512", "avx2", "portable"};
+
 const Isa* best() {
-  for (const char* n : {"amx", "avx512vnni", "avx512", "avx2"})
+  for (const char* n : kUnits)
     if (cpu_has(n)) return by_name(n);
   return &portable::isa;
 }
@@ -94,7 +97,7 @@ std::string current_isa() { return isa().name; }
 
 std::vector<std::string> available_isas() {
   std::vector<std::string> out;
-  for (const char* n : {"amx", "avx512vnni", "avx512", "avx2", "portable"})
+  for (const char* n : kUnits)
     if (cpu_has(n)) out.push_back(n);
   return out;
 }
