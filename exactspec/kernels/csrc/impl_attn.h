@@ -17,6 +17,13 @@
 // ES_ATT_CW chunks of 16 of d in registers, so no output waits on one chain of multiply-adds.
 #pragma once
 
+// While a block of 16 keys is scored, the keys ES_ATT_PF blocks ahead are prefetched into L2, and
+// the block's values too, for the values pass after the scores: a long context's two streams are
+// in flight at once (docs/performance.md, "The AMX machine, sixth pass"). No effect on any result.
+#ifndef ES_ATT_PF
+#define ES_ATT_PF 4
+#endif
+
 // scores of the query q against keys [j0, j0 + n), n <= 16: 16 dot-product accumulators, then
 // one vhsum16; lane t = dot(q, k_{j0+t}) * scale (t < n)
 static inline V scores16(const float* q, const float* k, int64_t ldk, int64_t j0, int64_t n,
@@ -178,6 +185,14 @@ static void attend_run(int64_t nq, const float* const* qs, const uint8_t* const*
   V mx[kMaxQ];
   for (int64_t i = 0; i < nq; ++i) mx[i] = ninf;
   for (int64_t j0 = 0; j0 <= L; j0 += 16) {
+    if (ES_ATT_PF > 0) {  // the keys ES_ATT_PF blocks ahead, and this block's values
+      const int64_t ja = j0 + 16 * ES_ATT_PF, na = L + 1 - ja < 16 ? L + 1 - ja : 16;
+      for (int64_t t = 0; t < na; ++t)
+        for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(k + (ja + t) * ldk + c, 0, 2);
+      const int64_t nv = L + 1 - j0 < 16 ? L + 1 - j0 : 16;
+      for (int64_t t = 0; t < nv; ++t)
+        for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(v + (j0 + t) * ldk + c, 0, 1);
+    }
     for (int64_t i = 0; i < nq; ++i) {
       if (j0 > last[i]) continue;
       // queries that all see the whole block: their scores at once, 4 or 2 of them
