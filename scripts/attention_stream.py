@@ -1,0 +1,54 @@
+"""How fast attention reads a long context: one decode query group (9 query heads over 3 key /
+value heads, smollm2-135m's shape) against the float32 keys and values of 30 layers, after an
+800 MB buffer has pushed them out of the caches, as a decode step after that many tokens meets
+them; beside it torch's own sum over the same bytes (a plain read). The best of 8 passes.
+
+    python scripts/attention_stream.py --threads 2 --keys 2048
+    python scripts/attention_stream.py --threads 1 --keys 2048
+
+Prints each one's ms for the 30 layers and the GB/s of keys and values it read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from exactspec import kernels
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--keys", type=int, default=2048, help="tokens of context")
+    ap.add_argument("--layers", type=int, default=30)
+    a = ap.parse_args()
+    if not kernels.enabled():
+        raise SystemExit("the exactspec kernels are not built here: python -m exactspec.kernels")
+    torch.set_num_threads(a.threads)
+    kv, d = 3, 64
+    ks = [torch.randn(1, kv, a.keys, d) for _ in range(a.layers)]
+    vs = [torch.randn(1, kv, a.keys, d) for _ in range(a.layers)]
+    q = torch.randn(1, 1, 9, d)
+    junk = torch.ones(200_000_000)
+    gb = 2 * a.layers * kv * a.keys * d * 4 / 1e9
+    layers = list(zip(ks, vs, strict=True))
+    runs = {
+        "attention": lambda: [kernels.attention(q, k, v, None, d ** -0.5) for k, v in layers],
+        "torch sum": lambda: [k.sum() + v.sum() for k, v in layers],
+    }
+    for name, fn in runs.items():
+        best = float("inf")
+        for _ in range(8):
+            junk.add_(1.0)  # the keys and values out of the caches
+            start = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - start)
+        print(f"{name:10s} {a.keys} keys x {a.layers} layers, {a.threads} threads: "
+              f"{best * 1e3:.2f} ms, {gb / best:.1f} GB/s")
+
+
+if __name__ == "__main__":
+    main()
