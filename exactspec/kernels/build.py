@@ -122,17 +122,37 @@ def _build(verbose: bool) -> Path:
     return library_path()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m exactspec.kernels", description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  python -m exactspec.kernels                 # build (or find) the library\n"
+               "  python -m exactspec.kernels --check         # then time a step on every path\n"
+               "  python -m exactspec.kernels --check --threads 1 --layers 4")
     parser.add_argument("--verbose", action="store_true", help="show the compiler commands")
-    args = parser.parse_args()
+    parser.add_argument("--check", action="store_true",
+                        help="after the build, time a one-token step on every instruction-set "
+                             "path this CPU offers and name any path far off the fastest "
+                             "(python -m exactspec.bench.isa_paths; it reports, asserts nothing)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="--check: torch threads (default: torch's choice)")
+    parser.add_argument("--layers", type=int, default=30, help="--check: decoder layers")
+    parser.add_argument("--repeats", type=int, default=9, help="--check: timed steps a path")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     failure_path().unlink(missing_ok=True)
     path = build(verbose=args.verbose)
     isa = torch.ops.exactspec.current_isa()
     sys.stdout.write(f"exactspec kernels: {path} (ISA {isa}, available "
                      f"{list(torch.ops.exactspec.available_isas())})\n")
+    if not args.check:
+        return 0
+    from exactspec.bench import isa_paths
+
+    check = ["--layers", str(args.layers), "--repeats", str(args.repeats)]
+    return isa_paths.main(check + (["--threads", str(args.threads)] if args.threads else []))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

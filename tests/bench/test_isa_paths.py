@@ -25,6 +25,17 @@ def test_the_command_prints_every_path(capsys):
     assert all(isa in out for isa in kernels.available_isas())
 
 
+def test_the_kernels_command_checks_every_path_after_its_build(capsys):
+    from exactspec.kernels import build
+
+    assert build.main(["--check", "--layers", "1", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("exactspec kernels: ") and " threads, 1 layers" in out
+    assert all(isa in out.split("\n", 1)[1] for isa in kernels.available_isas())
+    assert out.rstrip().splitlines()[-1].startswith(("every path within", "far off"))
+    assert build.main([]) == 0 and "one-token step" not in capsys.readouterr().out
+
+
 def test_a_path_far_off_the_fastest_is_named():
     text = report([PathTime("avx512", 10.0, 1.0), PathTime("avx2", 16.0, 1.6),
                    PathTime("portable", 14.0, 1.4)])
