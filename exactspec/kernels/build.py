@@ -137,9 +137,16 @@ def main(argv: list[str] | None = None) -> int:
                              "(python -m exactspec.bench.isa_paths; it reports, asserts nothing)")
     parser.add_argument("--threads", type=int, default=None,
                         help="--check: torch threads (default: torch's choice)")
-    parser.add_argument("--layers", type=int, default=30, help="--check: decoder layers")
-    parser.add_argument("--repeats", type=int, default=9, help="--check: timed steps a path")
+    parser.add_argument("--layers", type=int, default=None, help="--check: decoder layers (30)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="--check: timed steps a path (9)")
     args = parser.parse_args(argv)
+    given = [f"--{n}" for n in ("threads", "layers", "repeats") if getattr(args, n) is not None]
+    if given and not args.check:
+        parser.error(f"{' / '.join(given)} only go with --check (add --check, or drop them)")
+    for name in given:
+        if getattr(args, name[2:]) < 1:
+            parser.error(f"{name} must be at least 1, got {getattr(args, name[2:])}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     failure_path().unlink(missing_ok=True)
     path = build(verbose=args.verbose)
@@ -150,8 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from exactspec.bench import isa_paths
 
-    check = ["--layers", str(args.layers), "--repeats", str(args.repeats)]
-    return isa_paths.main(check + (["--threads", str(args.threads)] if args.threads else []))
+    return isa_paths.main([arg for name in given for arg in (name, str(getattr(args, name[2:])))])
 
 
 if __name__ == "__main__":

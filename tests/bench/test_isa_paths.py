@@ -36,6 +36,19 @@ def test_the_kernels_command_checks_every_path_after_its_build(capsys):
     assert build.main([]) == 0 and "one-token step" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--threads", "2"], "--threads only go with --check"),
+    (["--check", "--layers", "0"], "--layers must be at least 1, got 0"),
+    (["--check", "--repeats", "-1"], "--repeats must be at least 1, got -1"),
+])
+def test_the_kernels_command_refuses_what_it_would_ignore_or_cannot_run(argv, says, capsys):
+    from exactspec.kernels import build
+
+    with pytest.raises(SystemExit) as exc:
+        build.main(argv)
+    assert exc.value.code == 2 and says in capsys.readouterr().err
+
+
 def test_a_path_far_off_the_fastest_is_named():
     text = report([PathTime("avx512", 10.0, 1.0), PathTime("avx2", 16.0, 1.6),
                    PathTime("portable", 14.0, 1.4)])
