@@ -25,15 +25,15 @@ def test_the_command_prints_every_path(capsys):
     assert all(isa in out for isa in kernels.available_isas())
 
 
-def test_the_kernels_command_checks_every_path_after_its_build(capsys):
+def test_the_kernels_command_checks_every_path_after_its_build(capfd):
     from exactspec.kernels import build
 
     assert build.main(["--check", "--layers", "1", "--repeats", "1"]) == 0
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     assert out.startswith("exactspec kernels: ") and " threads, 1 layers" in out
     assert all(isa in out.split("\n", 1)[1] for isa in kernels.available_isas())
     assert out.rstrip().splitlines()[-1].startswith(("every path within", "far off"))
-    assert build.main([]) == 0 and "one-token step" not in capsys.readouterr().out
+    assert build.main([]) == 0 and "one-token step" not in capfd.readouterr().out
 
 
 @pytest.mark.parametrize(("argv", "says"), [
