@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 FAR_OFF = 1.5  # a path slower than this times the fastest is named
+WARM_UP, WARM_UP_S = 3, 0.3  # untimed steps a path: at least this many, and seconds
 
 
 @dataclass
@@ -72,12 +73,18 @@ def _time_each(model, prompt: list[int], token: torch.Tensor, context: int,
         kernels.set_isa(isa)
         adapter = TargetAdapter(model)
         adapter.prefill([prompt], capacity=context + 2)
+        # untimed steps first, at least WARM_UP of them and WARM_UP_S seconds (threads.py tries
+        # its thread counts in the first; a short model's first path ran 1.3x slow without)
+        start, n = time.perf_counter(), 0
+        while n < WARM_UP or time.perf_counter() - start < WARM_UP_S:
+            adapter.extend(token)
+            n += 1
         times = []
-        for _ in range(repeats + 1):  # the first is a warm-up
+        for _ in range(repeats):
             t0 = time.perf_counter()
             adapter.extend(token)
             times.append(time.perf_counter() - t0)
-        ms[isa] = 1e3 * statistics.median(times[1:])
+        ms[isa] = 1e3 * statistics.median(times)
     return ms
 
 
