@@ -34,11 +34,11 @@ __version__ = "0.1.0"
 
 # OpenMP's idle threads (libgomp, torch's and our kernels') spin 300,000 times after each
 # parallel region before they sleep. On a busy machine a spinning thread takes the core that
-# the forward it left, run on fewer threads (kernels/threads.py), or another process needs:
-# the int4 self-draft with one of two cores taken ran at 0.74x `--threads 1`, 0.96-1.07x with
-# 1,000 spins, the same speed idle (docs/performance.md). libgomp reads this once, when torch
-# loads it: set here, before torch is imported (a user's own setting wins; a process that
-# imported torch first keeps libgomp's default: README, "A busy machine").
+# the forward it left, run on fewer threads (kernels/threads.py), or another process needs
+# (the measurements: docs/performance.md, "A busy machine: OpenMP's spinning threads").
+# libgomp reads this once, when torch loads it: set here, before torch is imported (a user's
+# own setting wins; a process that imported torch first keeps libgomp's default: README, "A
+# busy machine").
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 # public name -> module defining it; imported when the name is first used

@@ -15,7 +15,8 @@ draft_step.py  a draft step's tail in one call: final norm, head, q, the draw (o
 build.py    compiling `csrc/` for this CPU (`__main__.py`: `python -m exactspec.kernels`)
 csrc/       the C++: ops.cpp (registration, the threads' tasks), ops_layer.cpp (the decoder
             layers in one call; up to 64 rows in one parallel region), isa.h / impl.h (the
-            fixed reduction order; the products), impl_attn.h (attention in query groups and runs of keys), impl_w8a16.h (int8),
+            fixed reduction order; the products), impl_attn.h (attention in query groups and
+            runs of keys), impl_w8a16.h (int8),
             impl_w4.h (int4), impl_amx.h (bf16 weights on AMX tiles, the amx unit),
             impl_act.h, isa_*.cpp and vec_*.h per instruction set (amx, avx512vnni, avx512,
             avx2, portable); threads.py chooses each forward's thread count

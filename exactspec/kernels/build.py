@@ -141,12 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None,
                         help="--check: timed steps a path (9)")
     args = parser.parse_args(argv)
-    given = [f"--{n}" for n in ("threads", "layers", "repeats") if getattr(args, n) is not None]
+    # the --check options given: {"--threads": 2, ...}
+    given = {f"--{n}": getattr(args, n) for n in ("threads", "layers", "repeats")
+             if getattr(args, n) is not None}
     if given and not args.check:
         parser.error(f"{' / '.join(given)} only go with --check (add --check, or drop them)")
-    for name in given:
-        if getattr(args, name[2:]) < 1:
-            parser.error(f"{name} must be at least 1, got {getattr(args, name[2:])}")
+    for flag, value in given.items():
+        if value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     failure_path().unlink(missing_ok=True)
     path = build(verbose=args.verbose)
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     # the check times a model's step (the models layer, above this one): its own command, run
     # as a child process in this environment
     sys.stdout.flush()
-    check = [arg for name in given for arg in (name, str(getattr(args, name[2:])))]
+    check = [arg for flag, value in given.items() for arg in (flag, str(value))]
     return subprocess.run([sys.executable, "-m", "exactspec.bench.isa_paths", *check],
                           check=False).returncode
 
