@@ -5,8 +5,10 @@ them; beside it torch's own sum over the same bytes (a plain read). The best of 
 
     python scripts/attention_stream.py --threads 2 --keys 2048
     python scripts/attention_stream.py --threads 1 --keys 2048
+    python scripts/attention_stream.py --threads 2 --keys 2048 --positions 8   # a verify of K = 7
 
-Prints each one's ms for the 30 layers and the GB/s of keys and values it read.
+Prints each one's ms for the 30 layers and the GB/s of keys and values it read; with
+`--positions P` (a verify's P new tokens, causal among themselves) also attention's GFLOP/s.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--keys", type=int, default=2048, help="tokens of context")
     ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--positions", type=int, default=1,
+                    help="query positions, the last of the keys (a verify: K + 1)")
     a = ap.parse_args()
     if not kernels.enabled():
         raise SystemExit("the exactspec kernels are not built here: python -m exactspec.kernels")
@@ -31,12 +35,19 @@ def main() -> None:
     kv, d = 3, 64
     ks = [torch.randn(1, kv, a.keys, d) for _ in range(a.layers)]
     vs = [torch.randn(1, kv, a.keys, d) for _ in range(a.layers)]
-    q = torch.randn(1, 1, 9, d)
+    if not 1 <= a.positions <= a.keys:
+        raise SystemExit(f"--positions {a.positions}: give 1 to --keys ({a.keys})")
+    p = a.positions
+    q = torch.randn(1, p, 9, d)
+    # position t sees the keys up to its own (the last p keys are the positions')
+    mask = None if p == 1 else (torch.arange(a.keys)[None, :]
+                                <= torch.arange(a.keys - p, a.keys)[:, None])[None]
+    flops = 4 * a.layers * 9 * d * int(mask.sum()) if p > 1 else 4 * a.layers * 9 * d * a.keys
     junk = torch.ones(200_000_000)
     gb = 2 * a.layers * kv * a.keys * d * 4 / 1e9
     layers = list(zip(ks, vs, strict=True))
     runs = {
-        "attention": lambda: [kernels.attention(q, k, v, None, d ** -0.5) for k, v in layers],
+        "attention": lambda: [kernels.attention(q, k, v, mask, d ** -0.5) for k, v in layers],
         "torch sum": lambda: [k.sum() + v.sum() for k, v in layers],
     }
     for name, fn in runs.items():
@@ -47,7 +58,8 @@ def main() -> None:
             fn()
             best = min(best, time.perf_counter() - start)
         print(f"{name:10s} {a.keys} keys x {a.layers} layers, {a.threads} threads: "
-              f"{best * 1e3:.2f} ms, {gb / best:.1f} GB/s")
+              f"{best * 1e3:.2f} ms, {gb / best:.1f} GB/s"
+              + (f", {flops / best / 1e9:.1f} GFLOP/s" if name == "attention" else ""))
 
 
 if __name__ == "__main__":

@@ -63,7 +63,8 @@ template <int Q>
 static inline void scores16xq(const float* const* q, const float* k, int64_t ldk, int64_t j0,
                               int64_t d, float scale, V* s) {
   constexpr int P = 16 / Q;  // keys per pass
-  float sc[Q][16];
+  static_assert(Q == 2 || Q == 4, "scores16xq: 2 or 4 queries");
+  V o[Q];  // pass h: query u's P scores of keys P h .. P h + P - 1 in lanes [P u, P u + P)
   for (int h = 0; h < Q; ++h) {
     V acc[16];
     ES_UNROLL for (int t = 0; t < 16; ++t) acc[t] = vzero();
@@ -75,12 +76,12 @@ static inline void scores16xq(const float* const* q, const float* k, int64_t ldk
         ES_UNROLL for (int u = 0; u < Q; ++u) acc[u * P + t] = vfma(qv[u], kv, acc[u * P + t]);
       }
     }
-    float out[16];
-    vhsum16(acc, out);
-    for (int u = 0; u < Q; ++u)
-      for (int t = 0; t < P; ++t) sc[u][P * h + t] = out[u * P + t];
+    o[h] = vhsum16v(acc);
   }
-  for (int u = 0; u < Q; ++u) s[u] = vmul(vload(sc[u]), vset1(scale));
+  // query u's 16 scores in key order: the passes' blocks of P lanes regathered in registers
+  if constexpr (Q == 4) vblocks4(o);
+  else vhalves2(o);
+  for (int u = 0; u < Q; ++u) s[u] = vmul(o[u], vset1(scale));
 }
 
 // acc_g += e_g[j] v_j over the visible keys j <= last_g, in key order, for G queries and the

@@ -66,7 +66,8 @@ static inline float vhsum(V x) {
 }
 // out[i] = vhsum(a[i]) for 16 vectors, bit for bit: the same pairs added in the same tree
 // (halves, quarters, pairs), two vectors' stages per instruction, in two groups of 8
-static inline void vhsum16(const V* a, float* out) {
+static inline V vhsum16v(const V* a) {
+  __m256 r[2];
   for (int g = 0; g < 2; ++g) {
     const V* x = a + 8 * g;
     __m256 u[4], v[2];
@@ -83,13 +84,32 @@ static inline void vhsum16(const V* a, float* out) {
     const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(v[0], v[1], 0x88),
                                    _mm256_shuffle_ps(v[0], v[1], 0xDD));
     const __m256i idx = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    _mm256_storeu_ps(out + 8 * g, _mm256_permutevar8x32_ps(w, idx));
+    r[g] = _mm256_permutevar8x32_ps(w, idx);
   }
+  return {r[0], r[1]};
+}
+static inline void vhsum16(const V* a, float* out) { vstore(out, vhsum16v(a)); }
+// o[u]'s lanes [4h, 4h + 4) <-> o[h]'s lanes [4u, 4u + 4) for u, h < 4 (a transpose of 4-lane
+// blocks; data movement only)
+static inline void vblocks4(V* o) {
+  const V p0 = o[0], p1 = o[1], p2 = o[2], p3 = o[3];
+  o[0] = {_mm256_permute2f128_ps(p0.a, p1.a, 0x20), _mm256_permute2f128_ps(p2.a, p3.a, 0x20)};
+  o[1] = {_mm256_permute2f128_ps(p0.a, p1.a, 0x31), _mm256_permute2f128_ps(p2.a, p3.a, 0x31)};
+  o[2] = {_mm256_permute2f128_ps(p0.b, p1.b, 0x20), _mm256_permute2f128_ps(p2.b, p3.b, 0x20)};
+  o[3] = {_mm256_permute2f128_ps(p0.b, p1.b, 0x31), _mm256_permute2f128_ps(p2.b, p3.b, 0x31)};
+}
+// o[0] = (o[0]'s lanes 0-7, o[1]'s lanes 0-7), o[1] = (o[0]'s lanes 8-15, o[1]'s lanes 8-15)
+static inline void vhalves2(V* o) {
+  const V p0 = o[0], p1 = o[1];
+  o[0] = {p0.a, p1.a};
+  o[1] = {p0.b, p1.b};
 }
 // the tiling of attention's values (impl_attn.h; no effect on any result): queries x chunks
-// of 16 of d in registers
-#define ES_ATT_G 2
-#define ES_ATT_CW 2
+// of 16 of d in registers: 6 queries x one chunk, 12 accumulators, the chunk's 2 registers and
+// a query's weight in 16 (2 x 2 left 8 multiply-add chains to cover 4-cycle latencies at 2 a
+// cycle; docs/performance.md, "The AMX machine, seventh pass")
+#define ES_ATT_G 6
+#define ES_ATT_CW 1
 // the tiling of the matrix product (see vec_avx512.h; 16 registers and an accumulator takes
 // two, so 4 rows x 1 column: 8 accumulator registers, the weight and the row of x in 4 more;
 // the figures in docs/performance.md, "Register tiles")

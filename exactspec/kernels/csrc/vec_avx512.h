@@ -48,7 +48,7 @@ static inline float vhsum(V a) {
 }
 // out[i] = vhsum(a[i]) for 16 vectors, bit for bit: the same pairs added in the same tree
 // (halves, quarters, pairs), four vectors' stages per instruction (attention's scores)
-static inline void vhsum16(const V* a, float* out) {
+static inline V vhsum16v(const V* a) {
   __m512 t[8], u[4], v[2];
   for (int p = 0; p < 8; ++p)  // lanes 0-7: a[2p]'s l[i] + l[i+8]; lanes 8-15: a[2p+1]'s
     t[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p].v, a[2 * p + 1].v, 0x44),
@@ -63,7 +63,26 @@ static inline void vhsum16(const V* a, float* out) {
   const __m512 w = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], 0x88),
                                  _mm512_shuffle_ps(v[0], v[1], 0xDD));
   const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  _mm512_storeu_ps(out, _mm512_permutexvar_ps(idx, w));
+  return {_mm512_permutexvar_ps(idx, w)};
+}
+static inline void vhsum16(const V* a, float* out) { _mm512_storeu_ps(out, vhsum16v(a).v); }
+// o[u]'s lanes [4h, 4h + 4) <-> o[h]'s lanes [4u, 4u + 4) for u, h < 4 (a transpose of 4-lane
+// blocks; data movement only)
+static inline void vblocks4(V* o) {
+  const __m512 t0 = _mm512_shuffle_f32x4(o[0].v, o[1].v, 0x44);
+  const __m512 t1 = _mm512_shuffle_f32x4(o[0].v, o[1].v, 0xEE);
+  const __m512 t2 = _mm512_shuffle_f32x4(o[2].v, o[3].v, 0x44);
+  const __m512 t3 = _mm512_shuffle_f32x4(o[2].v, o[3].v, 0xEE);
+  o[0].v = _mm512_shuffle_f32x4(t0, t2, 0x88);
+  o[1].v = _mm512_shuffle_f32x4(t0, t2, 0xDD);
+  o[2].v = _mm512_shuffle_f32x4(t1, t3, 0x88);
+  o[3].v = _mm512_shuffle_f32x4(t1, t3, 0xDD);
+}
+// o[0] = (o[0]'s lanes 0-7, o[1]'s lanes 0-7), o[1] = (o[0]'s lanes 8-15, o[1]'s lanes 8-15)
+static inline void vhalves2(V* o) {
+  const __m512 a = _mm512_shuffle_f32x4(o[0].v, o[1].v, 0x44);
+  o[1].v = _mm512_shuffle_f32x4(o[0].v, o[1].v, 0xEE);
+  o[0].v = a;
 }
 // the tiling of attention's values (impl_attn.h; no effect on any result): queries x chunks
 // of 16 of d in registers

@@ -48,6 +48,26 @@ static inline float vhsum(V a) {
 static inline void vhsum16(const V* a, float* out) {  // out[i] = vhsum(a[i])
   for (int i = 0; i < 16; ++i) out[i] = vhsum(a[i]);
 }
+static inline V vhsum16v(const V* a) ES_LANES(vhsum(a[i]))
+// o[u]'s lanes [4h, 4h + 4) <-> o[h]'s lanes [4u, 4u + 4) for u, h < 4 (data movement only)
+static inline void vblocks4(V* o) {
+  V r[4];
+  for (int u = 0; u < 4; ++u)
+    for (int h = 0; h < 4; ++h)
+      for (int t = 0; t < 4; ++t) r[u].l[4 * h + t] = o[h].l[4 * u + t];
+  for (int u = 0; u < 4; ++u) o[u] = r[u];
+}
+// o[0] = (o[0]'s lanes 0-7, o[1]'s lanes 0-7), o[1] = (o[0]'s lanes 8-15, o[1]'s lanes 8-15)
+static inline void vhalves2(V* o) {
+  V r[2];
+  for (int u = 0; u < 2; ++u)
+    for (int t = 0; t < 8; ++t) {
+      r[u].l[t] = o[0].l[8 * u + t];
+      r[u].l[8 + t] = o[1].l[8 * u + t];
+    }
+  o[0] = r[0];
+  o[1] = r[1];
+}
 #undef ES_LANES
 // the tiling of attention's values (impl_attn.h; no effect on any result): queries x chunks
 // of 16 of d in registers
