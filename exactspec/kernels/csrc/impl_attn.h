@@ -150,14 +150,18 @@ static void sums8(int64_t n, float* const* e, const uint8_t* const* mask, const 
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   const float* p[8];
   const uint8_t* m[8];
-  int64_t lst[8], L = -1;
+  int64_t lst[8], L = -1, common = INT64_MAX;  // keys up to `common`: every query sees them
   ES_UNROLL for (int g = 0; g < 8; ++g) {
     p[g] = g < n ? e[g] : e[0];
     m[g] = g < n ? mask[g] : nullptr;
     lst[g] = g < n ? last[g] : -1;
     L = lst[g] > L ? lst[g] : L;
+    if (g < n) common = m[g] ? -1 : lst[g] < common ? lst[g] : common;
   }
-  for (int64_t j = 0; j <= L; ++j)
+  int64_t j = 0;
+  for (; j <= common; ++j)  // the same adds, without a test per query
+    ES_UNROLL for (int g = 0; g < 8; ++g) acc[g] += p[g][j];
+  for (; j <= L; ++j)
     ES_UNROLL for (int g = 0; g < 8; ++g) {
       const bool seen = j <= lst[g] && (!m[g] || m[g][j]);
       acc[g] += seen ? p[g][j] : 0.0f;
