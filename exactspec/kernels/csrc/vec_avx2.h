@@ -105,9 +105,9 @@ static inline void vhalves2(V* o) {
   o[1] = {p0.b, p1.b};
 }
 // the tiling of attention's values (impl_attn.h; no effect on any result): queries x chunks
-// of 16 of d in registers: 6 queries x one chunk, 12 accumulators, the chunk's 2 registers and
-// a query's weight in 16 (2 x 2 left 8 multiply-add chains to cover 4-cycle latencies at 2 a
-// cycle; docs/performance.md, "The AMX machine, seventh pass")
+// of 16 of d in registers: 6 queries x one chunk (12 accumulators; the chunk's 2 registers,
+// loaded once for 6 queries, and a query's weight), faster at verify widths than 2 x 2
+// (docs/performance.md, "The AMX machine, seventh pass")
 #define ES_ATT_G 6
 #define ES_ATT_CW 1
 // the tiling of the matrix product (see vec_avx512.h; 16 registers and an accumulator takes
