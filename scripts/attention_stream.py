@@ -31,18 +31,19 @@ def main() -> None:
     a = ap.parse_args()
     if not kernels.enabled():
         raise SystemExit("the exactspec kernels are not built here: python -m exactspec.kernels")
+    if not 1 <= a.positions <= a.keys:
+        raise SystemExit(f"--positions {a.positions}: give 1 to --keys ({a.keys})")
     torch.set_num_threads(a.threads)
     kv, d = 3, 64
     ks = [torch.randn(1, kv, a.keys, d) for _ in range(a.layers)]
     vs = [torch.randn(1, kv, a.keys, d) for _ in range(a.layers)]
-    if not 1 <= a.positions <= a.keys:
-        raise SystemExit(f"--positions {a.positions}: give 1 to --keys ({a.keys})")
     p = a.positions
     q = torch.randn(1, p, 9, d)
     # position t sees the keys up to its own (the last p keys are the positions')
     mask = None if p == 1 else (torch.arange(a.keys)[None, :]
                                 <= torch.arange(a.keys - p, a.keys)[:, None])[None]
-    flops = 4 * a.layers * 9 * d * int(mask.sum()) if p > 1 else 4 * a.layers * 9 * d * a.keys
+    seen = a.keys if mask is None else int(mask.sum())  # (query position, key) pairs
+    flops = 4 * a.layers * 9 * d * seen
     junk = torch.ones(200_000_000)
     gb = 2 * a.layers * kv * a.keys * d * 4 / 1e9
     layers = list(zip(ks, vs, strict=True))

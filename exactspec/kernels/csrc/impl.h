@@ -35,6 +35,9 @@ static inline V loadx_tail(const float* p, int64_t n) {
   return vload(b);
 }
 
+// out[i] = vhsum(a[i]) for 16 vectors (the unit's vhsum16v, stored)
+static inline void vhsum16(const V* a, float* out) { vstore(out, vhsum16v(a)); }
+
 // ---- matrix product: an MR x NR tile of outputs, each its own 16-lane accumulator ----
 // (every loop over the tile is unrolled, so the accumulators live in registers)
 #define ES_UNROLL _Pragma("GCC unroll 16")

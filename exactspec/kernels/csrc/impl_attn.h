@@ -5,7 +5,7 @@
 // Each query's output is computed exactly as it would be alone, so it never depends on which
 // other queries share the call, on how many keys follow its last visible one, or on the thread:
 // - score_j = dot(q, k_j) * scale for its visible keys j (impl.h's dot: 16 lanes along d in
-//   index order, one horizontal-sum tree; here 16 keys' sums at once by vhsum16, which adds
+//   index order, one horizontal-sum tree; here 16 keys' sums at once by vhsum16v, which adds
 //   the same pairs in the same tree);
 // - mx = the largest visible score (a maximum: the order does not matter);
 // - e_j = exp(score_j - mx) in chunks of 16 fixed by key index, elementwise;
@@ -27,7 +27,7 @@
 #endif
 
 // scores of the query q against keys [j0, j0 + n), n <= 16: 16 dot-product accumulators, then
-// one vhsum16; lane t = dot(q, k_{j0+t}) * scale (t < n)
+// one vhsum16v; lane t = dot(q, k_{j0+t}) * scale (t < n)
 static inline V scores16(const float* q, const float* k, int64_t ldk, int64_t j0, int64_t n,
                          int64_t d, float scale) {
   V acc[16];
@@ -50,14 +50,12 @@ static inline V scores16(const float* q, const float* k, int64_t ldk, int64_t j0
     for (int64_t t = 0; t < n; ++t)
       acc[t] = vfma(qv, loadx_tail(k + (j0 + t) * ldk + c, d - c), acc[t]);
   }
-  float out[16];
-  vhsum16(acc, out);
-  return vmul(vload(out), vset1(scale));
+  return vmul(vhsum16v(acc), vset1(scale));
 }
 
 // scores16 for Q queries (2 or 4) against the same 16 keys (d a multiple of 16): each key's
 // vector loaded once for the Q queries, 16 / Q keys x Q queries in 16 accumulators at a time;
-// every score the same chain of multiply-adds and the same vhsum16 tree as scores16's, so the
+// every score the same chain of multiply-adds and the same vhsum16v tree as scores16's, so the
 // same bits. s[u]: query u's 16 scores times scale
 template <int Q>
 static inline void scores16xq(const float* const* q, const float* k, int64_t ldk, int64_t j0,

@@ -64,7 +64,7 @@ static inline float vhsum(V x) {
   __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
   return _mm_cvtss_f32(s1);
 }
-// out[i] = vhsum(a[i]) for 16 vectors, bit for bit: the same pairs added in the same tree
+// lane i = vhsum(a[i]) for 16 vectors, bit for bit: the same pairs added in the same tree
 // (halves, quarters, pairs), two vectors' stages per instruction, in two groups of 8
 static inline V vhsum16v(const V* a) {
   __m256 r[2];
@@ -88,7 +88,6 @@ static inline V vhsum16v(const V* a) {
   }
   return {r[0], r[1]};
 }
-static inline void vhsum16(const V* a, float* out) { vstore(out, vhsum16v(a)); }
 // o[u]'s lanes [4h, 4h + 4) <-> o[h]'s lanes [4u, 4u + 4) for u, h < 4 (a transpose of 4-lane
 // blocks; data movement only)
 static inline void vblocks4(V* o) {

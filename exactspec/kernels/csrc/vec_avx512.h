@@ -46,7 +46,7 @@ static inline float vhsum(V a) {
   __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
   return _mm_cvtss_f32(s1);
 }
-// out[i] = vhsum(a[i]) for 16 vectors, bit for bit: the same pairs added in the same tree
+// lane i = vhsum(a[i]) for 16 vectors, bit for bit: the same pairs added in the same tree
 // (halves, quarters, pairs), four vectors' stages per instruction (attention's scores)
 static inline V vhsum16v(const V* a) {
   __m512 t[8], u[4], v[2];
@@ -65,7 +65,6 @@ static inline V vhsum16v(const V* a) {
   const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return {_mm512_permutexvar_ps(idx, w)};
 }
-static inline void vhsum16(const V* a, float* out) { _mm512_storeu_ps(out, vhsum16v(a).v); }
 // o[u]'s lanes [4h, 4h + 4) <-> o[h]'s lanes [4u, 4u + 4) for u, h < 4 (a transpose of 4-lane
 // blocks; data movement only)
 static inline void vblocks4(V* o) {

@@ -45,10 +45,7 @@ static inline float vhsum(V a) {
   float s2a = s4[0] + s4[2], s2b = s4[1] + s4[3];
   return s2a + s2b;
 }
-static inline void vhsum16(const V* a, float* out) {  // out[i] = vhsum(a[i])
-  for (int i = 0; i < 16; ++i) out[i] = vhsum(a[i]);
-}
-static inline V vhsum16v(const V* a) ES_LANES(vhsum(a[i]))
+static inline V vhsum16v(const V* a) ES_LANES(vhsum(a[i]))  // lane i = vhsum(a[i])
 // o[u]'s lanes [4h, 4h + 4) <-> o[h]'s lanes [4u, 4u + 4) for u, h < 4 (data movement only)
 static inline void vblocks4(V* o) {
   V r[4];
