@@ -349,19 +349,21 @@ static void linear_bc(const float* x, int64_t M, int64_t K, const void* w, const
     for (int64_t nb = gb; nb < ge; nb += NP) {
       const int64_t nv = ge - nb < NP ? ge - nb : NP;
       float* pp = wp + (nb - gb) / NP * PS;
-      // pack: pp[(l * kc + j) * NP + c] = w[nb + c, 16 j + l] (zeros past K and past n1)
-      for (int64_t c = 0; c < NP; ++c) {
-        float row[16];
-        for (int64_t k = 0; k < K16; k += 16) {
-          if (c < nv) {
-            const V v = k + 16 <= K ? loadw<WT>(w, (nb + c) * K + k)
-                                    : loadw_tail<WT>(w, (nb + c) * K + k, K - k);
-            vstore(row, v);
-          } else {
-            for (int q = 0; q < 16; ++q) row[q] = 0.0f;
-          }
-          const int64_t j = k / 16;
-          for (int l = 0; l < 16; ++l) pp[(l * kc + j) * NP + c] = row[l];
+      // pack: pp[(l * kc + j) * NP + c] = w[nb + c, 16 j + l] (zeros past K and past n1), a
+      // block of 16 inputs of the NP rows at a time, written as 16 runs of NP floats
+      for (int64_t j = 0; j < kc; ++j) {
+        const int64_t k = 16 * j;
+        float t[NP][16];
+        for (int64_t c = 0; c < NP; ++c) {
+          if (c < nv)
+            vstore(t[c], k + 16 <= K ? loadw<WT>(w, (nb + c) * K + k)
+                                     : loadw_tail<WT>(w, (nb + c) * K + k, K - k));
+          else
+            vstore(t[c], vzero());
+        }
+        for (int l = 0; l < 16; ++l) {
+          float* dst = pp + (l * kc + j) * NP;
+          for (int64_t c = 0; c < NP; ++c) dst[c] = t[c][l];
         }
       }
     }
