@@ -17,11 +17,11 @@
 // ES_ATT_CW chunks of 16 of d in registers, so no output waits on one chain of multiply-adds.
 #pragma once
 
-// While a block of 16 keys is scored for at most 8 queries (a decode step: attention bound by
-// reading the cache), the keys ES_ATT_PF blocks ahead are prefetched into L2, and the block's
-// values too, for the values pass after the scores: a long context's two streams are in flight
-// at once; with more queries a block's arithmetic covers the hardware's own prefetch
-// (docs/performance.md, "The AMX machine, sixth pass"). No effect on any result.
+// While a block of 16 keys is scored, the keys ES_ATT_PF blocks ahead are prefetched into L2,
+// and the block's values too, for the values pass after the scores: a long context's two
+// streams are in flight at once, for a decode step (bound by reading the cache) and a verify
+// alike (its 24 queries' arithmetic a block did not hide the cache's bytes: docs/performance.md,
+// "The AMX machine, sixth pass" and "eighth pass"). No effect on any result.
 #ifndef ES_ATT_PF
 #define ES_ATT_PF 4
 #endif
@@ -190,7 +190,7 @@ static void attend_run(int64_t nq, const float* const* qs, const uint8_t* const*
   V mx[kMaxQ];
   for (int64_t i = 0; i < nq; ++i) mx[i] = ninf;
   for (int64_t j0 = 0; j0 <= L; j0 += 16) {
-    if (ES_ATT_PF > 0 && nq <= 8) {  // the keys ES_ATT_PF blocks ahead, and this block's values
+    if (ES_ATT_PF > 0) {  // the keys ES_ATT_PF blocks ahead, and this block's values
       const int64_t ja = j0 + 16 * ES_ATT_PF, na = L + 1 - ja < 16 ? L + 1 - ja : 16;
       for (int64_t t = 0; t < na; ++t)
         for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(k + (ja + t) * ldk + c, 0, 2);
