@@ -117,21 +117,38 @@ static constexpr auto tile_table(std::integer_sequence<int, MR...>) {
 // MR rows of x and NR weight vectors fit the 16 registers. Each lane gets the same fused
 // multiply-adds in the same order as in `tile` (V's halves never meet before the horizontal
 // sum), the same tail (zero-padded) and the same sum: the same bits.
+//
+// The weights a call reads are prefetched by one cursor that every tile of the call advances
+// (no effect on any result): one line of 64 bytes every `period` k-steps, the rate at which the
+// tiles' passes (2 halves x the groups of rows) first touch the weights, starting a block of
+// rows ahead. Each weight line is read from memory by one pass only; prefetching from that pass
+// alone (as `tile` does) asks for a block's lines in a quarter of its time at 8 rows, and the
+// memory then idles while the other passes compute (docs/performance.md, "eighth pass").
+struct PfCursor {
+  const char* cur;  // the next line to prefetch
+  const char* end;  // the end of the weight rows of the call
+  int period;       // k-steps (of 16 inputs, any tile, any half) per line
+  int count;        // k-steps left before the next line
+};
 template <int WT, int MR, int NR>
 static void tile_half(const float* x, int64_t K, const void* w, const float* scale, float* y,
-                      int64_t ldy, int64_t n, int64_t ahead) {
+                      int64_t ldy, int64_t n, PfCursor* pf) {
   V res[MR][NR];
-  const int64_t wb = WT == W_F32 ? 4 : WT == W_BF16 ? 2 : 1;
-  const char* pf = static_cast<const char*>(w) + (n + ahead) * K * wb;
+  const char* pc = pf->cur;
+  int count = pf->count;
   ES_UNROLL for (int h = 0; h < 2; ++h) {
     __m256 acc[MR][NR];
     ES_UNROLL for (int i = 0; i < MR; ++i)
       ES_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
-      if (ahead && h == 0)
-        ES_UNROLL for (int j = 0; j < NR; ++j)
-          __builtin_prefetch(pf + (j * K + k) * wb, 0, ES_PF_LOC);
+      if (--count == 0) {
+        count = pf->period;
+        if (pc < pf->end) {
+          __builtin_prefetch(pc, 0, ES_PF_LOC);
+          pc += 64;
+        }
+      }
       __m256 wv[NR];
       ES_UNROLL for (int j = 0; j < NR; ++j) wv[j] = whalf<WT>(w, (n + j) * K + k + 8 * h);
       ES_UNROLL for (int i = 0; i < MR; ++i) {
@@ -156,6 +173,8 @@ static void tile_half(const float* x, int64_t K, const void* w, const float* sca
     ES_UNROLL for (int i = 0; i < MR; ++i)
       ES_UNROLL for (int j = 0; j < NR; ++j) (h ? res[i][j].b : res[i][j].a) = acc[i][j];
   }
+  pf->cur = pc;
+  pf->count = count;
   ES_UNROLL for (int i = 0; i < MR; ++i)
     ES_UNROLL for (int j = 0; j < NR; ++j) {
       float s = vhsum(res[i][j]);
@@ -163,13 +182,15 @@ static void tile_half(const float* x, int64_t K, const void* w, const float* sca
       y[i * ldy + n + j] = s;
     }
 }
+typedef void (*HalfFn)(const float*, int64_t, const void*, const float*, float*, int64_t, int64_t,
+                       PfCursor*);
 template <int WT, int MR, int... NR>
 static constexpr auto half_row(std::integer_sequence<int, NR...>) {
-  return std::array<TileFn, sizeof...(NR)>{tile_half<WT, MR, NR + 1>...};
+  return std::array<HalfFn, sizeof...(NR)>{tile_half<WT, MR, NR + 1>...};
 }
 template <int WT, int... MR>
 static constexpr auto half_table(std::integer_sequence<int, MR...>) {
-  return std::array<std::array<TileFn, ES_HALF_NR>, sizeof...(MR)>{
+  return std::array<std::array<HalfFn, ES_HALF_NR>, sizeof...(MR)>{
       half_row<WT, MR + 1>(std::make_integer_sequence<int, ES_HALF_NR>())...};
 }
 #endif
@@ -187,20 +208,22 @@ static constexpr auto half_table(std::integer_sequence<int, MR...>) {
 //   next 64, so that a chunk of x and those weights both stay in L2 (prefill), whatever range
 //   of rows the caller hands one call.
 // mc rows of x in balanced groups of at most cap rows (17 = 6 + 6 + 5) against the weight rows
-// [n0, n1) of w in tiles of at most nrmax of them; the first group's tiles prefetch `ahead`
-// rows further on
-template <size_t R, size_t C>
-static inline void groups_meet_block(const std::array<std::array<TileFn, C>, R>& table,
+// [n0, n1) of w in tiles of at most nrmax of them; the tiles' last argument is `first` for the
+// first group and `rest` for the others (`tile`: the first group's tiles prefetch `ahead` rows
+// further on, the others none; `tile_half`: the call's cursor for every group)
+template <class Fn, size_t R, size_t C, class Last>
+static inline void groups_meet_block(const std::array<std::array<Fn, C>, R>& table,
                                      const float* x, int64_t mc, int64_t K, const void* w,
                                      const float* scale, float* y, int64_t ldy, int64_t n0,
-                                     int64_t n1, int64_t cap, int64_t nrmax, int64_t ahead) {
+                                     int64_t n1, int64_t cap, int64_t nrmax, Last first,
+                                     Last rest) {
   const int64_t groups = (mc + cap - 1) / cap;
   int64_t r0 = 0;
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t r1 = mc * (g + 1) / groups, mr = r1 - r0;
     for (int64_t n = n0; n < n1; n += nrmax) {
       const int64_t nr = n1 - n < nrmax ? n1 - n : nrmax;
-      table[mr - 1][nr - 1](x + r0 * K, K, w, scale, y + r0 * ldy, ldy, n, g == 0 ? ahead : 0);
+      table[mr - 1][nr - 1](x + r0 * K, K, w, scale, y + r0 * ldy, ldy, n, g == 0 ? first : rest);
     }
     r0 = r1;
   }
@@ -244,7 +267,7 @@ static void linear_conv(const float* x, int64_t M, int64_t K, const void* w, con
       for (int64_t mb = 0; mb < M; mb += ES_MB)
         groups_meet_block(table, x + mb * K, M - mb < ES_MB ? M - mb : ES_MB, K, buf,
                           scale ? scale + nb : nullptr, y + mb * ldy + nb, ldy, 0, nbe - nb,
-                          cap, ES_NR, 0);
+                          cap, ES_NR, int64_t{0}, int64_t{0});
     }
   }
 }
@@ -418,25 +441,33 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
   constexpr int64_t SB = 64;  // weight rows that every chunk of x meets before the next ones
   // every chunk of x's rows meets the weight rows SB at a time, in blocks of NB, through the
   // tiles of `tiles` (at most `mr` rows x `nr` columns)
-  auto walk = [&](const auto& tiles, int64_t mr, int64_t nr) {
+  // tiles' last argument: `first` for the first group of rows, `rest` for the others
+  auto walk = [&](const auto& tiles, int64_t mr, int64_t nr, auto first, auto rest) {
     for (int64_t sb = n0; sb < n1; sb += SB) {
       const int64_t sbe = sb + SB < n1 ? sb + SB : n1;
       for (int64_t mb = 0; mb < M; mb += ES_MB) {
         const int64_t mc = M - mb < ES_MB ? M - mb : ES_MB;  // rows in this chunk
         for (int64_t nb = sb; nb < sbe; nb += NB)
           groups_meet_block(tiles, x + mb * K, mc, K, w, scale, y + mb * ldy, ldy, nb,
-                            nb + NB < sbe ? nb + NB : sbe, mr, nr, mb == 0 && M > 1 ? NB : 0);
+                            nb + NB < sbe ? nb + NB : sbe, mr, nr, mb == 0 ? first : rest,
+                            rest);
       }
     }
   };
 #ifdef ES_HALF_TILES
-  if (M <= 16) {  // verify widths: half tiles (above)
+  if (M <= 16) {  // verify widths: half tiles (above), the weights prefetched by one cursor
     static constexpr auto half = half_table<WT>(std::make_integer_sequence<int, ES_HALF_MR>());
-    walk(half, ES_HALF_MR, ES_HALF_NR);
+    constexpr int64_t wb = WT == W_F32 ? 4 : WT == W_BF16 ? 2 : 1;
+    const int64_t passes = 2 * ((M + ES_HALF_MR - 1) / ES_HALF_MR);  // halves x groups
+    const int64_t period = passes * 64 / (ES_HALF_NR * 16 * wb);  // k-steps a line lasts
+    const char* base = static_cast<const char*>(w);
+    PfCursor pf{base + (n0 + NB < n1 ? n0 + NB : n1) * K * wb, base + n1 * K * wb,
+                static_cast<int>(period > 1 ? period : 1), 1};
+    walk(half, ES_HALF_MR, ES_HALF_NR, &pf, &pf);
     return;
   }
 #endif
-  walk(table, cap, nrmax);
+  walk(table, cap, nrmax, M > 1 ? NB : int64_t{0}, int64_t{0});
 }
 
 static void linear(const float* x, int64_t M, int64_t K, const void* w, int wtype,
