@@ -203,7 +203,8 @@ static constexpr auto half_table(std::integer_sequence<int, MR...>) {
 // - more rows: the rows of x in groups of at most ES_MR (balanced: 17 rows = 6 + 6 + 5), the
 //   weights in blocks of ES_NB rows; each block meets every group in tiles of ES_NR weight
 //   rows while it is in L1 / L2, so each weight is read from memory once per call, and the
-//   first group's tiles prefetch the next block into L2;
+//   first group's tiles prefetch the next block into L2 (AVX2's half tiles: every pass
+//   advances one prefetch cursor, see tile_half);
 // - past ES_MB rows of x, the rows in chunks of ES_MB, each meeting 64 weight rows before the
 //   next 64, so that a chunk of x and those weights both stay in L2 (prefill), whatever range
 //   of rows the caller hands one call.
