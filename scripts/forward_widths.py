@@ -5,8 +5,11 @@ default) with the operator path (EXACTSPEC_ROWS_STACK=0) in this process.
 
     python scripts/forward_widths.py --dtype bfloat16 --threads 2 --ab
     python scripts/forward_widths.py --dtype float32 --context 1000
+    python scripts/forward_widths.py --alternate --widths 1,8 --forwards 40
 
-Rough figures for decisions only when other processes share the cores.
+Rough figures for decisions only when other processes share the cores; `--alternate` (one
+sequence, the widths' forwards taking turns, minima and medians) keeps a busy host's slow
+spells from landing on one width only.
 """
 
 from __future__ import annotations
@@ -35,6 +38,23 @@ def forward_ms(model, width: int, context: int, n: int) -> float:
     return 1e3 * statistics.median(times)
 
 
+def alternate_ms(model, widths: list[int], context: int, n: int) -> tuple[dict, dict]:
+    """Minimum and median ms of `n` forwards of each width after a `context`-token prompt, the
+    widths taking turns on one sequence (each forward commits one token)."""
+    adapter = TargetAdapter(model.model if hasattr(model, "model") else model)
+    adapter.prefill([list(range(100, 100 + context))],
+                    capacity=context + n * len(widths) + max(widths) + 16)
+    times: dict[int, list[float]] = {w: [] for w in widths}
+    for _ in range(n):
+        for w in widths:
+            t0 = time.perf_counter()
+            adapter.extend(torch.randint(100, 5000, (1, w)))
+            times[w].append(time.perf_counter() - t0)
+            adapter.commit(torch.tensor([1]))
+    return ({w: 1e3 * min(t) for w, t in times.items()},
+            {w: 1e3 * statistics.median(t) for w, t in times.items()})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -45,10 +65,20 @@ def main() -> None:
     ap.add_argument("--widths", default="1,7,8")
     ap.add_argument("--ab", action="store_true",
                     help="the operator path too (EXACTSPEC_ROWS_STACK=0), interleaved, twice")
+    ap.add_argument("--alternate", action="store_true",
+                    help="the widths take turns on one sequence; minima and medians")
     a = ap.parse_args()
+    if a.alternate and a.ab:
+        raise SystemExit("--alternate and --ab: choose one")
     torch.set_num_threads(a.threads)
     model = es.load(a.model, dtype=a.dtype)
     widths = [int(w) for w in a.widths.split(",")]
+    if a.alternate:
+        lo, mid = alternate_ms(model, widths, a.context, a.forwards)
+        for name, ms in (("minimum", lo), ("median", mid)):
+            print(f"{name:13s} " + ", ".join(
+                f"{w} rows {ms[w]:.2f} ms (w {ms[w] / ms[widths[0]]:.2f})" for w in widths))
+        return
     flags = ("1", "0") if a.ab else ("1",)
     for _ in range(2 if a.ab else 1):
         for flag in flags:
