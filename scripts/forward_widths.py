@@ -25,10 +25,22 @@ import exactspec as es
 from exactspec.models.adapter import TargetAdapter
 
 
+def prefilled(model, context: int, capacity: int) -> TargetAdapter:
+    """A sequence of `context` prompt tokens, prefilled, with room for `capacity` slots."""
+    adapter = TargetAdapter(model.model if hasattr(model, "model") else model)
+    adapter.prefill([list(range(100, 100 + context))], capacity=capacity)
+    return adapter
+
+
+def line(name: str, ms: dict[int, float], widths: list[int]) -> str:
+    """One printed row: each width's ms and its w against the first width's."""
+    return f"{name:13s} " + ", ".join(
+        f"{w} rows {ms[w]:.2f} ms (w {ms[w] / ms[widths[0]]:.2f})" for w in widths)
+
+
 def forward_ms(model, width: int, context: int, n: int) -> float:
     """Median ms of `n` forwards of `width` tokens after a `context`-token prompt."""
-    adapter = TargetAdapter(model.model if hasattr(model, "model") else model)
-    adapter.prefill([list(range(100, 100 + context))], capacity=context + n + 16)
+    adapter = prefilled(model, context, context + n + 16)
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -41,9 +53,7 @@ def forward_ms(model, width: int, context: int, n: int) -> float:
 def alternate_ms(model, widths: list[int], context: int, n: int) -> tuple[dict, dict]:
     """Minimum and median ms of `n` forwards of each width after a `context`-token prompt, the
     widths taking turns on one sequence (each forward commits one token)."""
-    adapter = TargetAdapter(model.model if hasattr(model, "model") else model)
-    adapter.prefill([list(range(100, 100 + context))],
-                    capacity=context + n * len(widths) + max(widths) + 16)
+    adapter = prefilled(model, context, context + n * len(widths) + max(widths) + 16)
     times: dict[int, list[float]] = {w: [] for w in widths}
     for _ in range(n):
         for w in widths:
@@ -75,18 +85,15 @@ def main() -> None:
     widths = [int(w) for w in a.widths.split(",")]
     if a.alternate:
         lo, mid = alternate_ms(model, widths, a.context, a.forwards)
-        for name, ms in (("minimum", lo), ("median", mid)):
-            print(f"{name:13s} " + ", ".join(
-                f"{w} rows {ms[w]:.2f} ms (w {ms[w] / ms[widths[0]]:.2f})" for w in widths))
+        print(line("minimum", lo, widths))
+        print(line("median", mid, widths))
         return
     flags = ("1", "0") if a.ab else ("1",)
     for _ in range(2 if a.ab else 1):
         for flag in flags:
             os.environ["EXACTSPEC_ROWS_STACK"] = flag
             ms = {w: forward_ms(model, w, a.context, a.forwards) for w in widths}
-            name = "rows stack" if flag == "1" else "operator path"
-            print(f"{name:13s} " + ", ".join(
-                f"{w} rows {ms[w]:.2f} ms (w {ms[w] / ms[widths[0]]:.2f})" for w in widths))
+            print(line("rows stack" if flag == "1" else "operator path", ms, widths))
     os.environ.pop("EXACTSPEC_ROWS_STACK", None)
 
 
