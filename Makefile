@@ -52,9 +52,9 @@ kernels: | $(STAMP)
 	touch $(KERNELS_STAMP)
 
 # The main job: an open-ended chat answer at T=0.7 / top-p 0.9, drafted by the target itself
-# quantized to 8 bits (our own int8 kernels, on the target's KV cache), next to plain decoding
-# with both speeds and the acceptance. 8 bits, not 4: on smollm2-135m Q8_0 drafts keep 4.4-6.4
-# tokens a step, Q4_0 2.3-2.6 (README, Performance).
+# quantized to 4 bits (our own int4 kernel, its LM head in int8, on the target's KV cache), next
+# to plain decoding with both speeds and the acceptance. int4, not int8: its draft token costs
+# about half of int8's for nearly int8's acceptance (README, Performance; docs/quantized.md).
 RUN_PROMPT ?= Write a short story about a lighthouse keeper who finds a message in a bottle.
 RUN_DRAFTER ?= --quantized-draft 4
 run: $(STAMP) $(KERNELS_STAMP)
