@@ -64,30 +64,27 @@ static inline float vhsum(V x) {
   __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
   return _mm_cvtss_f32(s1);
 }
-// lane i = vhsum(a[i]) for 16 vectors, bit for bit: the same pairs added in the same tree
-// (halves, quarters, pairs), two vectors' stages per instruction, in two groups of 8
-static inline V vhsum16v(const V* a) {
-  __m256 r[2];
-  for (int g = 0; g < 2; ++g) {
-    const V* x = a + 8 * g;
-    __m256 u[4], v[2];
-    for (int r = 0; r < 4; ++r) {  // 128-bit half h: x[2r + h]'s s8[i] + s8[i+4]
-      const __m256 s0 = _mm256_add_ps(x[2 * r].a, x[2 * r].b);
-      const __m256 s1 = _mm256_add_ps(x[2 * r + 1].a, x[2 * r + 1].b);
-      u[r] = _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20),
-                           _mm256_permute2f128_ps(s0, s1, 0x31));
-    }
-    for (int s = 0; s < 2; ++s)
-      v[s] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * s], u[2 * s + 1], 0x44),
-                           _mm256_shuffle_ps(u[2 * s], u[2 * s + 1], 0xEE));
-    // lane 4h + l: the sum of x[2l + h]
-    const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(v[0], v[1], 0x88),
-                                   _mm256_shuffle_ps(v[0], v[1], 0xDD));
-    const __m256i idx = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    r[g] = _mm256_permutevar8x32_ps(w, idx);
+// lane i = vhsum(x[i]) for 8 vectors, bit for bit: the same pairs added in the same tree
+// (halves, quarters, pairs), two vectors' stages per instruction
+static inline __m256 vhsum8v(const V* x) {
+  __m256 u[4], v[2];
+  for (int r = 0; r < 4; ++r) {  // 128-bit half h: x[2r + h]'s s8[i] + s8[i+4]
+    const __m256 s0 = _mm256_add_ps(x[2 * r].a, x[2 * r].b);
+    const __m256 s1 = _mm256_add_ps(x[2 * r + 1].a, x[2 * r + 1].b);
+    u[r] = _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20),
+                         _mm256_permute2f128_ps(s0, s1, 0x31));
   }
-  return {r[0], r[1]};
+  for (int s = 0; s < 2; ++s)
+    v[s] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * s], u[2 * s + 1], 0x44),
+                         _mm256_shuffle_ps(u[2 * s], u[2 * s + 1], 0xEE));
+  // lane 4h + l: the sum of x[2l + h]
+  const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(v[0], v[1], 0x88),
+                                 _mm256_shuffle_ps(v[0], v[1], 0xDD));
+  const __m256i idx = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  return _mm256_permutevar8x32_ps(w, idx);
 }
+// lane i = vhsum(a[i]) for 16 vectors, in two groups of 8
+static inline V vhsum16v(const V* a) { return {vhsum8v(a), vhsum8v(a + 8)}; }
 // o[u]'s lanes [4h, 4h + 4) <-> o[h]'s lanes [4u, 4u + 4) for u, h < 4 (a transpose of 4-lane
 // blocks; data movement only)
 static inline void vblocks4(V* o) {
