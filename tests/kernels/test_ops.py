@@ -101,12 +101,20 @@ def test_every_isa_computes_the_same_bits():
     q, k, v = torch.randn(1, 3, 4, 24), torch.randn(1, 2, 19, 24), torch.randn(1, 2, 19, 24)
     mask = torch.rand(1, 3, 19, generator=g) < 0.7
     mask[..., 0] = True
+    # no mask: the scores of 4 and 2 queries against whole blocks of 16 keys at once, then a
+    # part block (45 = 16 + 16 + 13 keys), d with and without a tail of the 16 lanes (AVX2
+    # computes them a register half at a time: impl_attn.h's dots_half)
+    unmasked = [(torch.randn(1, 5, 12, d, generator=g), torch.randn(1, 3, 45, d, generator=g),
+                 torch.randn(1, 3, 45, d, generator=g)) for d in (64, 80)]
+    unmasked.append((torch.randn(1, 3, 6, 64, generator=g),
+                     torch.randn(1, 3, 40, 64, generator=g), torch.randn(1, 3, 40, 64, generator=g)))
     outs, bf16 = {}, {}
     for name in kernels.available_isas():
         kernels.set_isa(name)
         outs[name] = (kernels.linear(x, [w]), kernels.rms_norm(x, w[0], 1e-5),
                       kernels.silu_mul(gu), kernels.attention(q, k, v, mask, 0.2),
-                      kernels.gelu_tanh_mul(gu))
+                      kernels.gelu_tanh_mul(gu),
+                      *(kernels.attention(a, b, c, None, 0.125) for a, b, c in unmasked))
         bf16[name] = kernels.linear(x, [w.to(torch.bfloat16)])
     kernels.set_isa("auto")
     first = next(iter(outs.values()))

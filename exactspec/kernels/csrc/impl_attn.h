@@ -26,6 +26,87 @@
 #define ES_ATT_PF 4
 #endif
 
+#ifdef ES_HALF_TILES
+// AVX2 (V: two 8-lane registers): the 16 accumulators of V below would take 32 of the 16
+// registers, and they lived on the stack, a load and a store around every multiply-add. Here the
+// same accumulators are computed an 8-lane half at a time (as impl.h's tile_half): half h of
+// Q queries x P keys' accumulators in registers over all of d, stored, then the two halves meet
+// in V for the same vhsum16v tree. Each lane gets the same multiply-adds in the same order
+// (the same zero-padded tail): the same bits as the 16-lane functions after the #else.
+//
+// part[(h * Q + u) * 16 + t0 + t] = half h of the accumulator of query u and key j + t
+template <int Q, int P>
+static inline void dots_half(const float* const* q, const float* k, int64_t ldk, int64_t j,
+                             int64_t d, __m256* part, int t0) {
+  ES_UNROLL for (int h = 0; h < 2; ++h) {
+    __m256 acc[Q][P];
+    ES_UNROLL for (int u = 0; u < Q; ++u)
+      ES_UNROLL for (int t = 0; t < P; ++t) acc[u][t] = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 16 <= d; c += 16) {
+      if (Q == 1) {  // each key's half meets one query: read as the multiply-add's operand
+        const __m256 qv = _mm256_loadu_ps(q[0] + c + 8 * h);
+        ES_UNROLL for (int t = 0; t < P; ++t)
+          acc[0][t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + (j + t) * ldk + c + 8 * h),
+                                      acc[0][t]);
+        continue;
+      }
+      __m256 kv[P];
+      ES_UNROLL for (int t = 0; t < P; ++t) kv[t] = _mm256_loadu_ps(k + (j + t) * ldk + c + 8 * h);
+      ES_UNROLL for (int u = 0; u < Q; ++u) {
+        __m256 qv = _mm256_loadu_ps(q[u] + c + 8 * h);
+        __asm__("" : "+x"(qv));  // one load of the query half for its P keys
+        ES_UNROLL for (int t = 0; t < P; ++t) acc[u][t] = _mm256_fmadd_ps(qv, kv[t], acc[u][t]);
+      }
+    }
+    if (c < d) {
+      __m256 kv[P];
+      ES_UNROLL for (int t = 0; t < P; ++t) {
+        const V x = loadx_tail(k + (j + t) * ldk + c, d - c);
+        kv[t] = h ? x.b : x.a;
+      }
+      ES_UNROLL for (int u = 0; u < Q; ++u) {
+        const V x = loadx_tail(q[u] + c, d - c);
+        const __m256 qv = h ? x.b : x.a;
+        ES_UNROLL for (int t = 0; t < P; ++t) acc[u][t] = _mm256_fmadd_ps(qv, kv[t], acc[u][t]);
+      }
+    }
+    ES_UNROLL for (int u = 0; u < Q; ++u)
+      ES_UNROLL for (int t = 0; t < P; ++t) part[(h * Q + u) * 16 + t0 + t] = acc[u][t];
+  }
+}
+
+// query u's 16 scores from part (keys t >= n: zero accumulators), times scale
+template <int Q>
+static inline V scores_from_halves(const __m256* part, int u, int64_t n, float scale) {
+  V acc[16];
+  for (int t = 0; t < 16; ++t)
+    acc[t] = t < n ? V{part[u * 16 + t], part[(Q + u) * 16 + t]} : vzero();
+  return vmul(vhsum16v(acc), vset1(scale));
+}
+
+// scores of the query q against keys [j0, j0 + n), n <= 16; lane t = dot(q, k_{j0+t}) * scale
+static inline V scores16(const float* q, const float* k, int64_t ldk, int64_t j0, int64_t n,
+                         int64_t d, float scale) {
+  __m256 part[2 * 16];
+  const float* qs[1] = {q};
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) dots_half<1, 8>(qs, k, ldk, j0 + t, d, part, static_cast<int>(t));
+  for (; t < n; ++t) dots_half<1, 1>(qs, k, ldk, j0 + t, d, part, static_cast<int>(t));
+  return scores_from_halves<1>(part, 0, n, scale);
+}
+
+// scores16 for Q queries (2 or 4) against the same 16 keys: s[u] = query u's 16 scores
+template <int Q>
+static inline void scores16xq(const float* const* q, const float* k, int64_t ldk, int64_t j0,
+                              int64_t d, float scale, V* s) {
+  static_assert(Q == 2 || Q == 4, "scores16xq: 2 or 4 queries");
+  constexpr int P = 8 / Q;  // Q x P accumulators of a half, each query half loaded once
+  __m256 part[2 * Q * 16];
+  ES_UNROLL for (int t0 = 0; t0 < 16; t0 += P) dots_half<Q, P>(q, k, ldk, j0 + t0, d, part, t0);
+  for (int u = 0; u < Q; ++u) s[u] = scores_from_halves<Q>(part, u, 16, scale);
+}
+#else
 // scores of the query q against keys [j0, j0 + n), n <= 16: 16 dot-product accumulators, then
 // one vhsum16v; lane t = dot(q, k_{j0+t}) * scale (t < n)
 static inline V scores16(const float* q, const float* k, int64_t ldk, int64_t j0, int64_t n,
@@ -81,6 +162,7 @@ static inline void scores16xq(const float* const* q, const float* k, int64_t ldk
   else vhalves2(o);
   for (int u = 0; u < Q; ++u) s[u] = vmul(o[u], vset1(scale));
 }
+#endif
 
 // acc_g += e_g[j] v_j over the visible keys j <= last_g, in key order, for G queries and the
 // chunks [c0, c0 + 16 CW) of d (in registers), then stored (attend_finish divides)
