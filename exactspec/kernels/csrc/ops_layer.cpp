@@ -568,6 +568,7 @@ std::vector<at::Tensor> rows_stack(
   std::vector<float> xa(M * H), xb(M * H), y(M * qkv_max), qn(M * hd_max), kn(M * kv_max),
       a(M * hd_max), yo(M * H), mid(M * H), g(M * i2_max), act(M * i2_max / 2);
   std::vector<float> shared_partial;  // attention's runs, by (sequence, group, run)
+  std::atomic<int64_t> next_item{0};   // the next of attention's (sequence, group, run) items
   std::memcpy(xa.data(), x_.contiguous().data_ptr<float>(), M * H * sizeof(float));
   Barrier bar;
   const int threads = at::in_parallel_region() ? 1 : std::max(1, at::get_num_threads());
@@ -628,31 +629,37 @@ std::vector<at::Tensor> rows_stack(
       }
       bar.wait(n);
       // attention. Over a long context with few groups of queries (a decode step or a verify
-      // past 512 keys), the (sequence, key/value head, run of keys) items go round the threads,
-      // each reading its run's keys once for every query of the group, then each thread combines
-      // its (sequence, query head) pairs' runs; otherwise each thread takes its pairs whole, the
-      // heads of one key/value head at every position as one group of queries (at most 64)
+      // past 512 keys), the (sequence, key/value head, run of keys) items are taken by whichever
+      // thread is free, every whole run before the last, shorter ones, each item reading its
+      // run's keys once for every query of the group; then each thread combines its (sequence,
+      // query head) pairs' runs. Otherwise each thread takes an equal share of the queries,
+      // ordered (sequence, key/value head, position, head of the group), in calls of at most 64
+      // queries of one key/value head. (A static share of the items had given one thread every
+      // whole run and the other every short one; a share by query head, 5 heads against 4.)
       const RowsMask& msk = L.local ? ml : mg;
       const AttnView av{q, ldq, kcp, vcp, ks0, ks1, ks2, d, static_cast<float>(L.scale), &msk};
       const int64_t stride = d + 2;  // floats of a query's partial
-      int64_t i0, i1;  // this thread's (sequence, query head) pairs
-      share(B * h, t, n, &i0, &i1);
       if (msk.runs_max > 1 && T * rep <= 64 && B * kv < 4 * n) {
-        const int64_t nq = T * rep, items = B * kv * msk.runs_max;
+        const int64_t nq = T * rep, groups = B * kv, items = groups * msk.runs_max;
         const int64_t slot = nq * stride;  // floats of one item's partials
-        if (t == 0) shared_partial.resize(items * slot);
+        if (t == 0) {
+          shared_partial.resize(items * slot);
+          next_item.store(0);
+        }
         bar.wait(n);
-        for (int64_t w = t; w < items; w += n) {
-          const int64_t r = w % msk.runs_max, bg = w / msk.runs_max, b = bg / kv, gi = bg % kv;
+        for (int64_t w = next_item++; w < items; w = next_item++) {
+          const int64_t r = w / groups, bg = w % groups, b = bg / kv, gi = bg % kv;
           int64_t row[64], head[64];
           for (int64_t u = 0; u < nq; ++u) {
             row[u] = b * T + u / rep;
             head[u] = gi * rep + u % rep;
           }
           attend_queries(k, av, b, gi, r, nq, row, head, s.scratch.data(),
-                         shared_partial.data() + w * slot);
+                         shared_partial.data() + (bg * msk.runs_max + r) * slot);
         }
         bar.wait(n);
+        int64_t i0, i1;  // this thread's (sequence, query head) pairs
+        share(B * h, t, n, &i0, &i1);
         for (int64_t i = i0; i < i1; ++i) {
           const int64_t b = i / h, head = i % h, gi = head / rep;
           for (int64_t p = 0; p < T; ++p) {
@@ -664,26 +671,27 @@ std::vector<at::Tensor> rows_stack(
         }
       } else {
         s.partial.resize(msk.runs_max * 64 * stride);
-        for (int64_t i = i0; i < i1;) {
-          const int64_t b = i / h, hs = i % h, gi = hs / rep;
-          const int64_t he = std::min(std::min(i1 - b * h, h), (gi + 1) * rep);
-          const int64_t nh = he - hs, tb = std::max<int64_t>(1, 64 / nh);
-          for (int64_t p0 = 0; p0 < T; p0 += tb) {
-            const int64_t nq = (std::min(T, p0 + tb) - p0) * nh;
-            int64_t row[64], head[64], runs = 1;
-            for (int64_t u = 0; u < nq; ++u) {
-              row[u] = b * T + p0 + u / nh;
-              head[u] = hs + u % nh;
-              runs = std::max(runs, attn_runs(msk.last[row[u]]));
-            }
-            for (int64_t r = 0; r < runs; ++r)
-              attend_queries(k, av, b, gi, r, nq, row, head, s.scratch.data(),
-                             s.partial.data() + r * 64 * stride);
-            for (int64_t u = 0; u < nq; ++u)
-              finish_query(k, msk.last[row[u]], s.partial.data() + u * stride, 64 * stride, d,
-                           a.data() + row[u] * h * d + head[u] * d);
+        const int64_t per_group = T * rep;  // the queries of one (sequence, key/value head)
+        int64_t q0, q1;
+        share(B * kv * per_group, t, n, &q0, &q1);
+        for (int64_t qi = q0; qi < q1;) {
+          const int64_t bg = qi / per_group, b = bg / kv, gi = bg % kv;
+          const int64_t qe = std::min(std::min(q1, (bg + 1) * per_group), qi + 64);
+          const int64_t nq = qe - qi;
+          int64_t row[64], head[64], runs = 1;
+          for (int64_t u = 0; u < nq; ++u) {
+            const int64_t w = qi + u - bg * per_group;  // (position, head of the group)
+            row[u] = b * T + w / rep;
+            head[u] = gi * rep + w % rep;
+            runs = std::max(runs, attn_runs(msk.last[row[u]]));
           }
-          i = b * h + he;
+          for (int64_t r = 0; r < runs; ++r)
+            attend_queries(k, av, b, gi, r, nq, row, head, s.scratch.data(),
+                           s.partial.data() + r * 64 * stride);
+          for (int64_t u = 0; u < nq; ++u)
+            finish_query(k, msk.last[row[u]], s.partial.data() + u * stride, 64 * stride, d,
+                         a.data() + row[u] * h * d + head[u] * d);
+          qi = qe;
         }
       }
       bar.wait(n);
