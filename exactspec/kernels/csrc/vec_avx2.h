@@ -134,7 +134,7 @@ static inline void vhalves2(V* o) {
 #define ES_BC_NV 1
 #define ES_BC_GROUP (256 << 10)  // bytes of packed panels per group (half of a 512 KB L2)
 #define ES_PF_LOC 2
-#define ES_AHEAD_F32 0
+#define ES_AHEAD_F32 2  // float32 weight rows ahead that the one-row stream prefetches (as AVX-512)
 #define ES_PF_LOC1 ES_PF_LOC
 // the int8 product's tiling (see vec_avx512.h; 16 registers, an accumulator takes two: fewer
 // rows per tile than AVX-512's, docs/performance.md)
