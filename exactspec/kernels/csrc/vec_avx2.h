@@ -124,7 +124,8 @@ static inline void vhalves2(V* o) {
 #define ES_NR_CONV 1
 #define ES_CONV_ONCE 64  // past this many rows of x, bf16 / int8 blocks converted once (linear_conv)
 #define ES_MR_LARGE ES_MR  // ... for float32 weights past 16 rows of x
-#define ES_NB 16
+#define ES_NB 8  // weight rows per block up to 16 rows of x (a float32 block of K = 576 and the
+                 // rows of x fit L1 through the half tiles' four passes; docs/performance.md)
 #define ES_NB_LARGE 32
 #define ES_MB (int64_t{1} << 40)
 // prefill (impl.h's linear_bc; no effect on any result): from this many rows of x, panels of
