@@ -4,6 +4,8 @@
 #pragma once
 
 // ---- loads of 16 weights of a type; a tail of n < 16 is read through a zero-padded copy ----
+// bytes of one weight of a type
+template <int WT> static constexpr int64_t wbytes = WT == W_F32 ? 4 : WT == W_BF16 ? 2 : 1;
 template <int WT> static inline V loadw(const void* w, int64_t off);
 template <> inline V loadw<W_F32>(const void* w, int64_t off) {
   return vload(static_cast<const float*>(w) + off);
@@ -50,7 +52,7 @@ static void tile(const float* x, int64_t K, const void* w, const float* scale, f
   // ahead > 0: prefetch the weight rows `ahead` rows further on (the same tile of the next
   // block) into L2 while this tile computes, so memory streams under the arithmetic (see
   // linear_t); no effect on any result
-  const int64_t wb = WT == W_F32 ? 4 : WT == W_BF16 ? 2 : 1;
+  constexpr int64_t wb = wbytes<WT>;
   const char* pf = static_cast<const char*>(w) + (n + ahead) * K * wb;
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
@@ -248,7 +250,7 @@ static void linear_conv(const float* x, int64_t M, int64_t K, const void* w, con
   static constexpr auto table = tile_table<W_F32>(std::make_integer_sequence<int, ES_MR>());
   static_assert(ES_CONV_ONCE >= 16, "linear_conv runs past 16 rows: the large tiles");
   const int64_t cap = ES_MR_LARGE, NB = ES_NB_LARGE;
-  const int64_t wb = WT == W_BF16 ? 2 : 1;
+  constexpr int64_t wb = wbytes<WT>;
   thread_local std::vector<float> buffer;
   if (static_cast<int64_t>(buffer.size()) < NB * K) buffer.resize(NB * K);
   float* buf = buffer.data();
@@ -464,7 +466,7 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
 #ifdef ES_HALF_TILES
   if (M <= 16) {  // verify widths: half tiles (above), the weights prefetched by one cursor
     static constexpr auto half = half_table<WT>(std::make_integer_sequence<int, ES_HALF_MR>());
-    constexpr int64_t wb = WT == W_F32 ? 4 : WT == W_BF16 ? 2 : 1;
+    constexpr int64_t wb = wbytes<WT>;
     const int64_t passes = 2 * ((M + ES_HALF_MR - 1) / ES_HALF_MR);  // halves x groups
     const int64_t period = passes * 64 / (ES_HALF_NR * 16 * wb);  // k-steps a line lasts
     const char* base = static_cast<const char*>(w);
