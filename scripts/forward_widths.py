@@ -6,6 +6,7 @@ default) with the operator path (EXACTSPEC_ROWS_STACK=0) in this process.
     python scripts/forward_widths.py --dtype bfloat16 --threads 2 --ab
     python scripts/forward_widths.py --dtype float32 --context 1000
     python scripts/forward_widths.py --alternate --widths 1,8 --forwards 40
+    python scripts/forward_widths.py --alternate --widths 1,8 --units avx512bf16,avx512vnni
 
 Rough figures for decisions only when other processes share the cores; `--alternate` (one
 sequence, the widths' forwards taking turns, minima and medians) keeps a busy host's slow
@@ -22,6 +23,7 @@ import time
 import torch
 
 import exactspec as es
+from exactspec import kernels
 from exactspec.models.adapter import TargetAdapter
 
 
@@ -34,7 +36,7 @@ def prefilled(model, context: int, capacity: int) -> TargetAdapter:
 
 def line(name: str, ms: dict[int, float], widths: list[int]) -> str:
     """One printed row: each width's ms and its w against the first width's."""
-    return f"{name:13s} " + ", ".join(
+    return f"{name:22s} " + ", ".join(
         f"{w} rows {ms[w]:.2f} ms (w {ms[w] / ms[widths[0]]:.2f})" for w in widths)
 
 
@@ -50,19 +52,28 @@ def forward_ms(model, width: int, context: int, n: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def alternate_ms(model, widths: list[int], context: int, n: int) -> tuple[dict, dict]:
+def alternate_ms(model, widths: list[int], context: int, n: int,
+                 units: list[str] | None = None) -> tuple[dict, dict]:
     """Minimum and median ms of `n` forwards of each width after a `context`-token prompt, the
-    widths taking turns on one sequence (each forward commits one token)."""
-    adapter = prefilled(model, context, context + n * len(widths) + max(widths) + 16)
-    times: dict[int, list[float]] = {w: [] for w in widths}
+    widths (and the kernel units, `units`) taking turns on one sequence (each forward commits
+    one token); keyed by width, or by (unit, width) with `units`."""
+    adapter = prefilled(model, context, context + n * len(widths) * len(units or [0])
+                        + max(widths) + 16)
+    keys = [(u, w) for u in units for w in widths] if units else widths
+    times: dict = {key: [] for key in keys}
     for _ in range(n):
-        for w in widths:
+        for key in keys:
+            if units:
+                kernels.set_isa(key[0])
+            w = key[1] if units else key
             t0 = time.perf_counter()
             adapter.extend(torch.randint(100, 5000, (1, w)))
-            times[w].append(time.perf_counter() - t0)
+            times[key].append(time.perf_counter() - t0)
             adapter.commit(torch.tensor([1]))
-    return ({w: 1e3 * min(t) for w, t in times.items()},
-            {w: 1e3 * statistics.median(t) for w, t in times.items()})
+    if units:
+        kernels.set_isa("auto")
+    return ({k: 1e3 * min(t) for k, t in times.items()},
+            {k: 1e3 * statistics.median(t) for k, t in times.items()})
 
 
 def main() -> None:
@@ -77,16 +88,24 @@ def main() -> None:
                     help="the operator path too (EXACTSPEC_ROWS_STACK=0), interleaved, twice")
     ap.add_argument("--alternate", action="store_true",
                     help="the widths take turns on one sequence; minima and medians")
+    ap.add_argument("--units", default=None,
+                    help="with --alternate: kernel units that take turns too, e.g. "
+                         "avx512bf16,avx512vnni (a ratio between units within one run)")
     a = ap.parse_args()
     if a.alternate and a.ab:
         raise SystemExit("--alternate and --ab: choose one")
     torch.set_num_threads(a.threads)
     model = es.load(a.model, dtype=a.dtype)
     widths = [int(w) for w in a.widths.split(",")]
+    if a.units and not a.alternate:
+        raise SystemExit("--units needs --alternate")
     if a.alternate:
-        lo, mid = alternate_ms(model, widths, a.context, a.forwards)
-        print(line("minimum", lo, widths))
-        print(line("median", mid, widths))
+        units = a.units.split(",") if a.units else None
+        lo, mid = alternate_ms(model, widths, a.context, a.forwards, units)
+        for unit in units or [None]:
+            pick = (lambda d, u=unit: {w: d[(u, w)] for w in widths}) if unit else (lambda d: d)
+            print(line(f"minimum {unit}" if unit else "minimum", pick(lo), widths))
+            print(line(f"median {unit}" if unit else "median", pick(mid), widths))
         return
     flags = ("1", "0") if a.ab else ("1",)
     for _ in range(2 if a.ab else 1):

@@ -28,8 +28,11 @@ COMMON = ["-O3", "-std=c++17", "-fPIC", "-ffp-contract=off", "-fno-math-errno",
           "-fno-trapping-math"]
 VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mavx2", "-mfma"]
 AMX_FLAGS = ["-mamx-tile", "-mamx-bf16", "-mavx512bf16"]  # the amx unit's, where taken
+BF16_FLAGS = ["-mavx512bf16"]  # the avx512bf16 unit's, where taken
+EXTRA_FLAGS = {"amx": AMX_FLAGS, "avx512bf16": BF16_FLAGS}  # else the unit says built = false
 ISA_FLAGS = {  # unit -> its instruction-set flags
     "amx": VNNI_FLAGS,  # + AMX_FLAGS
+    "avx512bf16": VNNI_FLAGS,  # + BF16_FLAGS
     "avx512vnni": VNNI_FLAGS,
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma"],
     "avx2": ["-mavx2", "-mfma"],
@@ -54,7 +57,7 @@ def digest() -> str:
     for p in sorted(CSRC.iterdir()):
         h.update(p.name.encode())
         h.update(p.read_bytes())
-    h.update(repr((COMMON, ISA_FLAGS, OPS_FLAGS, OPS_SOURCES, torch.__version__, sys.version_info[:2])).encode())
+    h.update(repr((COMMON, ISA_FLAGS, EXTRA_FLAGS, OPS_FLAGS, OPS_SOURCES, torch.__version__, sys.version_info[:2])).encode())
     return h.hexdigest()[:12]
 
 
@@ -98,8 +101,9 @@ def _build(verbose: bool) -> Path:
     cxx = os.environ.get("CXX", "c++")
     objects, jobs = [], []  # the ISA units compile side by side (each is one process)
     for unit, flags in ISA_FLAGS.items():
-        if unit == "amx" and _compiler_takes(cxx, AMX_FLAGS):
-            flags = [*flags, *AMX_FLAGS]  # else the unit says amx::built = false
+        extra = EXTRA_FLAGS.get(unit)
+        if extra and _compiler_takes(cxx, extra):
+            flags = [*flags, *extra]  # else the unit says <unit>::built = false
         obj = out / f"isa_{unit}.o"
         if not obj.is_file():
             tmp = obj.with_suffix(f".{os.getpid()}.tmp")

@@ -191,7 +191,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # -> [B, T, h,
 
 
 def set_isa(name: str) -> str:
-    """Force an instruction set ("amx", "avx512vnni", "avx512", "avx2", "portable", or "auto");
+    """Force an instruction set ("amx", "avx512bf16", "avx512vnni", "avx512", "avx2",
+    "portable", or "auto");
     returns the one used."""
     return torch.ops.exactspec.set_isa(name)
 
@@ -207,10 +208,14 @@ def available_isas() -> list[str]:
 
 def rounds_bf16_inputs(isa: str | None = None) -> bool:
     """Whether the unit `isa` (default: the one in use) rounds x to bf16 against bf16 weights:
-    the amx unit (AMX tiles at every width, csrc/impl_amx.h), whose bf16-weight products have
-    other bits than the FMA units' (still the same at every width, row and thread count);
-    float32 and int8 weights give every unit's bits there."""
-    return (isa or current_isa()) == "amx"
+    the amx unit (AMX tiles at every width, csrc/impl_amx.h) and the avx512bf16 unit
+    (VDPBF16PS at every width, csrc/impl_bf16dot.h), whose bf16-weight products have other bits
+    than the FMA units' and than each other's (still the same at every width, row and thread
+    count); float32 and int8 weights give every unit's bits there."""
+    return (isa or current_isa()) in BF16_INPUT_UNITS
+
+
+BF16_INPUT_UNITS = ("amx", "avx512bf16")  # the units that round x to bf16 (above)
 
 
 # ---- the activations of csrc/impl_act.h (the Llama relatives: Gemma 3's GeGLU) ----

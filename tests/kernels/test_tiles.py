@@ -66,7 +66,7 @@ def test_linear_large_rows_equal_rows_alone(threads):
 
 def test_linear_tiles_agree_across_isas():
     """Every unit's bits at every width; bf16 weights: every FMA unit's (the amx unit rounds x
-    to bf16 there, test_amx.py)."""
+    to bf16 there, test_bf16_units.py)."""
     g = torch.Generator().manual_seed(8)
     x = torch.randn(300, 83, generator=g)
     ws = {kind: _weights(45, 83, kind, g) for kind in ("float32", "bfloat16", "int8")}

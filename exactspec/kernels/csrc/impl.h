@@ -485,6 +485,9 @@ static void linear(const float* x, int64_t M, int64_t K, const void* w, int wtyp
 #ifdef ES_AMX
   else if (wtype == W_BF16)  // the amx unit: every width on AMX tiles (impl_amx.h)
     linear_amx(x, M, K, static_cast<const uint16_t*>(w), scale, y, ldy, n0, n1);
+#elif defined(ES_BF16DOT)
+  else if (wtype == W_BF16)  // the avx512bf16 unit: every width on VDPBF16PS (impl_bf16dot.h)
+    linear_bf16dot(x, M, K, static_cast<const uint16_t*>(w), scale, y, ldy, n0, n1);
 #else
   else if (wtype == W_BF16) linear_t<W_BF16>(x, M, K, w, scale, y, ldy, n0, n1);
 #endif

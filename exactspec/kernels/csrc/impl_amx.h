@@ -22,6 +22,8 @@
 
 #include <vector>
 
+#include "impl_bf16dot.h"  // bf16_pairs
+
 // blocks of 32 inputs per chunk of K past 16 rows of x (2 tiles x 16 rows x 8 x 64 bytes = 16 KB
 // of weights in L1; no effect on any result)
 constexpr int64_t kAmxChunk = 8;
@@ -44,23 +46,6 @@ static inline void amx_configure() {
     c.colsb[t] = 64;
   }
   _tile_loadconfig(&c);
-}
-
-// 32 inputs of a row of x from k (zeros past K) rounded to bf16 pairs: dword kp = inputs
-// k + 2 kp, k + 2 kp + 1 (round to nearest even)
-static inline __m512 amx_pairs(const float* xr, int64_t k, int64_t K) {
-  const int64_t r = K - k;
-  __m512 lo, hi;
-  if (r >= 32) {
-    lo = _mm512_loadu_ps(xr + k);
-    hi = _mm512_loadu_ps(xr + k + 16);
-  } else {
-    const __mmask16 mlo = r >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << r) - 1);
-    const __mmask16 mhi = r <= 16 ? 0 : static_cast<__mmask16>((1u << (r - 16)) - 1);
-    lo = _mm512_maskz_loadu_ps(mlo, xr + k);
-    hi = _mm512_maskz_loadu_ps(mhi, xr + k + 16);
-  }
-  return reinterpret_cast<__m512>(_mm512_cvtne2ps_pbh(hi, lo));
 }
 
 // 16 x 16 32-bit values transposed in registers: the off-diagonal blocks of 8, 4, 2 and 1
@@ -109,14 +94,14 @@ static void amx_pack_x(const float* x, int64_t M, int64_t K, int64_t KB, uint16_
       if (mr >= 4) {
         __m512 t[16];
         for (int64_t m = 0; m < 16; ++m)
-          t[m] = m < mr ? amx_pairs(xg + m * K, 32 * kb, K) : _mm512_setzero_ps();
+          t[m] = m < mr ? bf16_pairs(xg + m * K, 32 * kb, K) : _mm512_setzero_ps();
         transpose16(t);  // t[kp] = dword kp of rows 0-15
         float* tile = reinterpret_cast<float*>(bg + kb * 512);
         for (int kp = 0; kp < 16; ++kp) _mm512_store_ps(tile + kp * 16, t[kp]);
       } else {
         for (int64_t m = 0; m < mr; ++m)
           _mm512_i32scatter_epi32(bg + kb * 512 + 2 * m, idx,
-                                  reinterpret_cast<__m512i>(amx_pairs(xg + m * K, 32 * kb, K)), 4);
+                                  reinterpret_cast<__m512i>(bf16_pairs(xg + m * K, 32 * kb, K)), 4);
       }
     }
   }

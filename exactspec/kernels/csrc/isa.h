@@ -75,6 +75,10 @@ namespace amx {
 extern const Isa isa;
 extern const bool built;  // compiled with AMX (the compiler took its flags)
 }
+namespace avx512bf16 {
+extern const Isa isa;
+extern const bool built;  // compiled with AVX512-BF16 (the compiler took its flag)
+}
 namespace avx512vnni { extern const Isa isa; }
 namespace avx512 { extern const Isa isa; }
 namespace avx2 { extern const Isa isa; }

@@ -40,9 +40,21 @@ bool amx_usable() {
   return ok;
 }
 
+// AVX512-BF16 (CPUID leaf 7, subleaf 1, EAX bit 5) and a unit compiled with it
+bool avx512bf16_usable() {
+  static const bool ok = [] {
+    if (!avx512bf16::built) return false;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+    return static_cast<bool>((a >> 5) & 1);
+  }();
+  return ok;
+}
+
 bool cpu_has(const std::string& name) {
   __builtin_cpu_init();
   if (name == "amx") return cpu_has("avx512vnni") && amx_usable();
+  if (name == "avx512bf16") return cpu_has("avx512vnni") && avx512bf16_usable();
   if (name == "avx512vnni") return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
   if (name == "avx512")
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -53,6 +65,7 @@ bool cpu_has(const std::string& name) {
 
 const Isa* by_name(const std::string& name) {
   if (name == "amx") return &amx::isa;
+  if (name == "avx512bf16") return &avx512bf16::isa;
   if (name == "avx512vnni") return &avx512vnni::isa;
   if (name == "avx512") return &avx512::isa;
   if (name == "avx2") return &avx2::isa;
@@ -61,7 +74,7 @@ const Isa* by_name(const std::string& name) {
 }
 
 // every unit, the first choice first (portable runs anywhere)
-constexpr const char* kUnits[] = {"amx", "avx512vnni", "avx512", "avx2", "portable"};
+constexpr const char* kUnits[] = {"amx", "avx512bf16", "avx512vnni", "avx512", "avx2", "portable"};
 
 const Isa* best() {
   for (const char* n : kUnits)
@@ -86,7 +99,7 @@ std::string set_isa(const std::string& name) {
     g_isa.store(best());
   } else {
     TORCH_CHECK(by_name(name), "unknown ISA '", name,
-                "': use avx512vnni, avx512, avx2, portable or auto");
+                "': use amx, avx512bf16, avx512vnni, avx512, avx2, portable or auto");
     TORCH_CHECK(cpu_has(name), "this CPU cannot run the ", name, " kernels");
     g_isa.store(by_name(name));
   }

@@ -1,0 +1,156 @@
+// The bf16-weight product on AVX512-BF16's VDPBF16PS (the avx512bf16 unit: isa_avx512bf16.cpp),
+// used at every width; and the rounding of x to bf16 that the amx unit shares.
+//
+// Other bits than the FMA units' for bf16 weights, said wherever the unit is named: x is rounded
+// to bf16 (round to nearest even, vcvtne2ps2bf16), and an output's 16 lane sums run along K as
+// the FMA units' do, but a lane takes two inputs per instruction: lane j adds, for each block b
+// of 32 inputs in block order, the product of inputs 32 b + 2 j + 1 and then that of 32 b + 2 j
+// (each product of two bf16 values exact in float32, each add rounded to nearest even; inputs
+// and results below the normal range taken as zero: Intel's definition of VDPBF16PS, which AMD's
+// Zen 4 computes bit for bit, tests/kernels/test_bf16_units.py), then vhsum's tree, times scale.
+// An output's chain depends on its own weights and its own row of x only, the same instructions
+// at every tile shape, so the invariance rule of isa.h holds within the unit: every width, row,
+// tile position and thread count gives the same bits.
+//
+// Tiling (none of it changes a result): x is rounded once per call into a buffer of the thread
+// (rows of KB * 32 bf16, zeros past K); one row of x meets tiles of 8 weight rows that prefetch
+// 16 rows ahead; more rows go in balanced groups of at most 8 against tiles of 3 weight rows
+// (24 accumulators, 3 weight vectors and one of x in the 32 registers), in blocks of
+// kDotNB weight rows that every group of a chunk of kDotMB rows meets while they are in L1, the
+// first group prefetching the next block.
+#pragma once
+#include <immintrin.h>
+
+#include <array>
+#include <utility>
+#include <vector>
+
+// 32 inputs of a row of x from k (zeros past K) rounded to bf16: element i = input k + i, so
+// dword j holds the pair k + 2 j, k + 2 j + 1 (round to nearest even)
+static inline __m512 bf16_pairs(const float* xr, int64_t k, int64_t K) {
+  const int64_t r = K - k;
+  __m512 lo, hi;
+  if (r >= 32) {
+    lo = _mm512_loadu_ps(xr + k);
+    hi = _mm512_loadu_ps(xr + k + 16);
+  } else {
+    const __mmask16 mlo = r >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << r) - 1);
+    const __mmask16 mhi = r <= 16 ? 0 : static_cast<__mmask16>((1u << (r - 16)) - 1);
+    lo = _mm512_maskz_loadu_ps(mlo, xr + k);
+    hi = _mm512_maskz_loadu_ps(mhi, xr + k + 16);
+  }
+  return reinterpret_cast<__m512>(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+#ifdef ES_BF16DOT
+#define ES_DOT_UNROLL _Pragma("GCC unroll 16")
+constexpr int64_t kDotNB = 12;  // weight rows per block past 8 rows of x (a multiple of 3)
+constexpr int64_t kDotMB = 64;  // rows of x per chunk past 8 rows
+constexpr int64_t kDotAhead1 = 16;  // weight rows ahead that the one-row tiles prefetch
+constexpr int kDotC1 = 4;  // weight rows per one-row tile
+
+// y[r * ldy + n + c] = scale[n + c] * (vhsum of lane sums) for the R x C tile at weight row n:
+// xb rows of Kp bf16 (zeros past K), w rows of K bf16; prefetching, block by block, the weight
+// rows `ahead` further on (0: none; a prefetch never faults, past the end included)
+template <int R, int C>
+static void dot_tile(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K,
+                     const float* scale, float* y, int64_t ldy, int64_t n, int64_t ahead) {
+  const int64_t KF = K / 32;
+  const uint16_t* wr = w + n * K;
+  V acc[R * C];
+  ES_DOT_UNROLL for (int i = 0; i < R * C; ++i) acc[i] = vzero();
+  auto step = [&](const __m512i* wv, int64_t kb) {
+    ES_DOT_UNROLL for (int r = 0; r < R; ++r) {
+      const __m512bh xv = reinterpret_cast<__m512bh>(
+          _mm512_load_si512(reinterpret_cast<const __m512i*>(xb + r * Kp + 32 * kb)));
+      ES_DOT_UNROLL for (int c = 0; c < C; ++c)
+        acc[r * C + c].v = _mm512_dpbf16_ps(acc[r * C + c].v, xv,
+                                            reinterpret_cast<__m512bh>(wv[c]));
+    }
+  };
+  for (int64_t kb = 0; kb < KF; ++kb) {
+    __m512i wv[C];
+    ES_DOT_UNROLL for (int c = 0; c < C; ++c)
+      wv[c] = _mm512_loadu_si512(reinterpret_cast<const __m512i*>(wr + c * K + 32 * kb));
+    if (ahead)
+      ES_DOT_UNROLL for (int c = 0; c < C; ++c)
+        _mm_prefetch(reinterpret_cast<const char*>(wr + (c + ahead) * K + 32 * kb),
+                     _MM_HINT_T1);
+    step(wv, kb);
+  }
+  if (KF * 32 < K) {  // the tail: weights past K read as zeros (x is zero there too)
+    const __mmask32 m = static_cast<__mmask32>((1ull << (K - 32 * KF)) - 1);
+    __m512i wv[C];
+    ES_DOT_UNROLL for (int c = 0; c < C; ++c) wv[c] = _mm512_maskz_loadu_epi16(m, wr + c * K + 32 * KF);
+    step(wv, KF);
+  }
+  // the lane sums by vhsum's tree, 16 outputs at a time (vhsum16v: bit for bit vhsum's)
+  for (int i0 = 0; i0 < R * C; i0 += 16) {
+    V t[16];
+    alignas(64) float s[16];
+    for (int i = 0; i < 16; ++i) t[i] = i0 + i < R * C ? acc[i0 + i] : vzero();
+    vstore(s, vhsum16v(t));
+    for (int i = i0; i < R * C && i < i0 + 16; ++i) {
+      const int r = i / C, c = i % C;
+      y[r * ldy + n + c] = scale ? s[i - i0] * scale[n + c] : s[i - i0];
+    }
+  }
+}
+
+typedef void (*DotFn)(const uint16_t*, int64_t, const uint16_t*, int64_t, const float*, float*,
+                      int64_t, int64_t, int64_t);
+template <int R, int... C>
+static constexpr auto dot_row(std::integer_sequence<int, C...>) {
+  return std::array<DotFn, sizeof...(C)>{dot_tile<R, C + 1>...};
+}
+template <int... R>
+static constexpr auto dot_table(std::integer_sequence<int, R...>) {
+  return std::array<std::array<DotFn, 3>, sizeof...(R)>{
+      dot_row<R + 1>(std::make_integer_sequence<int, 3>())...};
+}
+
+// y[m, n] = scale[n] * sum_k bf16(x[m, k]) w[n, k] for n in [n0, n1), every m < M (see above)
+static void linear_bf16dot(const float* x, int64_t M, int64_t K, const uint16_t* w,
+                           const float* scale, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  if (n0 >= n1 || M <= 0) return;
+  static constexpr auto one = dot_row<1>(std::make_integer_sequence<int, kDotC1>());
+  static constexpr auto table = dot_table(std::make_integer_sequence<int, 8>());
+  const int64_t KB = (K + 31) / 32, Kp = KB * 32;
+  thread_local std::vector<uint16_t> xbuf;
+  if (xbuf.size() < static_cast<size_t>(M * Kp + 32)) xbuf.resize(M * Kp + 32);
+  uint16_t* xb = xbuf.data() + (32 - (reinterpret_cast<uintptr_t>(xbuf.data()) / 2) % 32) % 32;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t kb = 0; kb < KB; ++kb)
+      _mm512_store_ps(reinterpret_cast<float*>(xb + m * Kp + 32 * kb),
+                      bf16_pairs(x + m * K, 32 * kb, K));
+  if (M == 1) {
+    for (int64_t n = n0; n < n1; n += kDotC1) {
+      const int64_t nr = n1 - n < kDotC1 ? n1 - n : kDotC1;
+      one[nr - 1](xb, Kp, w, K, scale, y, ldy, n, n + kDotAhead1 < n1 ? kDotAhead1 : 0);
+    }
+    return;
+  }
+  // balanced groups of at most 8 rows in each chunk of kDotMB rows (17 = 6 + 6 + 5)
+  for (int64_t mb = 0; mb < M; mb += kDotMB) {
+    const int64_t mc = M - mb < kDotMB ? M - mb : kDotMB, groups = (mc + 7) / 8;
+    const uint16_t* xc = xb + mb * Kp;
+    float* yc = y + mb * ldy;
+    for (int64_t nb = n0; nb < n1; nb += kDotNB) {
+      const int64_t nbe = nb + kDotNB < n1 ? nb + kDotNB : n1;
+      int64_t r0 = 0;
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t r1 = mc * (g + 1) / groups, mr = r1 - r0;
+        // the first group reads the block from memory: it prefetches the next block (one group:
+        // two tiles ahead)
+        const int64_t ahead = g > 0 ? 0 : groups == 1 ? 6 : kDotNB;
+        for (int64_t n = nb; n < nbe; n += 3) {
+          const int64_t nr = nbe - n < 3 ? nbe - n : 3;
+          table[mr - 1][nr - 1](xc + r0 * Kp, Kp, w, K, scale, yc + r0 * ldy, ldy, n,
+                                n + ahead < n1 ? ahead : 0);
+        }
+        r0 = r1;
+      }
+    }
+  }
+}
+#endif
