@@ -1,9 +1,18 @@
 // 16 float lanes as two AVX2 registers (lanes 0-7, 8-15): the same arithmetic as AVX-512.
 #pragma once
 #include <immintrin.h>
+#include <unistd.h>
 #include <cstdint>
 #include <cstring>
 
+// the L1 data cache's bytes (glibc's reading of CPUID; 32 KB where it says nothing)
+static inline int64_t l1d_bytes() {
+  static const int64_t bytes = [] {
+    const long b = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    return static_cast<int64_t>(b > 0 ? b : 32768);
+  }();
+  return bytes;
+}
 struct V { __m256 a, b; };
 static inline V vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 static inline V vset1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
@@ -124,8 +133,10 @@ static inline void vhalves2(V* o) {
 #define ES_NR_CONV 1
 #define ES_CONV_ONCE 64  // past this many rows of x, bf16 / int8 blocks converted once (linear_conv)
 #define ES_MR_LARGE ES_MR  // ... for float32 weights past 16 rows of x
-#define ES_NB 8  // weight rows per block up to 16 rows of x (a float32 block of K = 576 and the
-                 // rows of x fit L1 through the half tiles' four passes; docs/performance.md)
+// weight rows per block up to 16 rows of x: a float32 block of K = 576 and 8 rows of x stay in
+// L1 through the half tiles' four passes (8 rows where L1 holds 48 KB, 4 where it holds 32 KB;
+// docs/performance.md)
+#define ES_NB (l1d_bytes() >= (48 << 10) ? 8 : 4)
 #define ES_NB_LARGE 32
 #define ES_MB (int64_t{1} << 40)
 // prefill (impl.h's linear_bc; no effect on any result): from this many rows of x, panels of
