@@ -17,13 +17,17 @@
 // ES_ATT_CW chunks of 16 of d in registers, so no output waits on one chain of multiply-adds.
 #pragma once
 
-// While a block of 16 keys is scored, the keys ES_ATT_PF blocks ahead are prefetched into L2,
-// and the block's values too, for the values pass after the scores: a long context's two
-// streams are in flight at once, for a decode step (bound by reading the cache) and a verify
-// alike (its 24 queries' arithmetic a block did not hide the cache's bytes: docs/performance.md,
-// "The AMX machine, sixth pass" and "eighth pass"). No effect on any result.
+// While a block of 16 keys is scored, the keys ES_ATT_PF blocks ahead are prefetched into L2;
+// the values pass prefetches the values ES_ATT_VPF keys ahead into L1 (and the first ones
+// before it starts), so memory streams through both passes, for a decode step (bound by
+// reading the cache) and a verify alike (docs/performance.md, "The AMX machine, sixth pass",
+// "eighth pass" and "The Zen 4 machine": the values prefetched with the keys instead kept
+// memory idle through the values pass). No effect on any result.
 #ifndef ES_ATT_PF
 #define ES_ATT_PF 4
+#endif
+#ifndef ES_ATT_VPF
+#define ES_ATT_VPF 32
 #endif
 
 #ifdef ES_HALF_TILES
@@ -184,6 +188,8 @@ static void values_tile(const float* const* e, const uint8_t* const* vis, const 
   if (!masked && width == 16 * CW)  // no query skips a key below `common`: no test per query
     for (; j <= common; ++j) {
       const float* vj = v + j * ldk + c0;
+      if (c0 == 0 && j + ES_ATT_VPF <= common)  // the values ES_ATT_VPF keys ahead, whole rows
+        for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(vj + ES_ATT_VPF * ldk + c, 0, 3);
       V vv[CW];
       ES_UNROLL for (int c = 0; c < CW; ++c) vv[c] = vload(vj + 16 * c);
       ES_UNROLL for (int g = 0; g < G; ++g) {
@@ -272,13 +278,10 @@ static void attend_run(int64_t nq, const float* const* qs, const uint8_t* const*
   V mx[kMaxQ];
   for (int64_t i = 0; i < nq; ++i) mx[i] = ninf;
   for (int64_t j0 = 0; j0 <= L; j0 += 16) {
-    if (ES_ATT_PF > 0) {  // the keys ES_ATT_PF blocks ahead, and this block's values
+    if (ES_ATT_PF > 0) {  // the keys ES_ATT_PF blocks ahead
       const int64_t ja = j0 + 16 * ES_ATT_PF, na = L + 1 - ja < 16 ? L + 1 - ja : 16;
       for (int64_t t = 0; t < na; ++t)
         for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(k + (ja + t) * ldk + c, 0, 2);
-      const int64_t nv = L + 1 - j0 < 16 ? L + 1 - j0 : 16;
-      for (int64_t t = 0; t < nv; ++t)
-        for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(v + (j0 + t) * ldk + c, 0, 1);
     }
     for (int64_t i = 0; i < nq; ++i) {
       if (j0 > last[i]) continue;
@@ -339,6 +342,9 @@ static void attend_run(int64_t nq, const float* const* qs, const uint8_t* const*
     sums8(nq - i < 8 ? nq - i : 8, e + i, mask + i, last + i, sum + i);
   // the values: up to ES_ATT_G queries at a time (balanced: 3 queries as one group of 3, not
   // 3 groups of 1 that each read every value again) against ES_ATT_CW chunks of 16 of d
+  // the first values (values_tile's prefetch then runs ES_ATT_VPF keys ahead)
+  for (int64_t t = 0; t < ES_ATT_VPF && t <= L; ++t)
+    for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(v + t * ldk + c, 0, 3);
   static constexpr auto tiles = values_table(std::make_integer_sequence<int, ES_ATT_G>());
   const int64_t groups = (nq + ES_ATT_G - 1) / ES_ATT_G;
   for (int64_t g = 0, i = 0; g < groups; ++g) {
