@@ -1,8 +1,8 @@
 """`python -m exactspec.bench.isa_paths`: time a decode step on every instruction-set path this
 CPU offers and name any path far off the fastest.
 
-Every FMA path computes the same bits (the amx path: other bits for bf16 weights, the same for
-the float32 model timed here); their speeds should not differ by much on one CPU (a path
+Every FMA path computes the same bits (the amx and avx512bf16 paths: other bits for bf16
+weights, the same for the float32 model timed here); their speeds should not differ by much on one CPU (a path
 50% slower than the fastest is a defect to look at: a register tile that spills, a missing
 prefetch). The step is a one-token forward of a random Llama (smollm2-135m's widths by
 default: hidden 576, MLP 1536, 9 / 3 heads, vocabulary 49152; `layers` of them) after a
@@ -26,7 +26,7 @@ WARM_UP, WARM_UP_S = 3, 0.3  # untimed steps a path: at least this many, and sec
 class PathTime:
     """One instruction-set path's step."""
 
-    isa: str  # "amx", "avx512vnni", "avx512", "avx2", "portable"
+    isa: str  # "amx", "avx512bf16", "avx512vnni", "avx512", "avx2", "portable"
     ms: float  # median milliseconds of a one-token step
     ratio: float  # over the fastest path's
 
