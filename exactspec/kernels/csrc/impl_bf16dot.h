@@ -13,7 +13,7 @@
 // tile position and thread count gives the same bits.
 //
 // Tiling (none of it changes a result): x is rounded once per call into a buffer of the thread
-// (rows of KB * 32 bf16, zeros past K); one row of x meets tiles of 8 weight rows that prefetch
+// (rows of KB * 32 bf16, zeros past K); one row of x meets tiles of 4 weight rows that prefetch
 // 16 rows ahead; more rows go in balanced groups of at most 8 against tiles of 3 weight rows
 // (24 accumulators, 3 weight vectors and one of x in the 32 registers), in blocks of
 // kDotNB weight rows that every group of a chunk of kDotMB rows meets while they are in L1, the
