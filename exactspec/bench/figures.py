@@ -45,6 +45,33 @@ def cpu_flags() -> list[str]:
     return [f for f in CPU_FLAGS if f in have]
 
 
+def cpu_model() -> str:
+    """The CPU's model name with its CPUID family and model, as /proc/cpuinfo gives them (a VM
+    often names only the vendor: the numbers tell the generation); "" elsewhere."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for ln in f:
+                if not ln.strip():
+                    break  # the first processor's block
+                key, _, value = ln.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return ""
+    name = fields.get("model name", "")
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    return name.strip()
+
+
+def kernel_unit() -> str | None:
+    """The instruction-set unit our kernels run on here (amx, avx512bf16, avx512vnni, ...; the
+    bits of a bf16 target depend on it), or None where they are off or not built."""
+    from exactspec import kernels
+
+    return kernels.current_isa() if kernels.enabled() else None
+
+
 def read_bandwidth_gbs(megabytes: int = 512, repeats: int = 7) -> float:
     """Memory read bandwidth torch reaches here (GB/s): the fastest sum over a buffer far
     larger than the caches, with torch's current threads."""
@@ -71,8 +98,10 @@ def machine_info() -> dict:
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": platform.python_version(),
+        "cpu_model": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_flags": cpu_flags(),
+        "kernel_unit": kernel_unit(),
     }
     try:
         import transformers

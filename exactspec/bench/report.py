@@ -100,8 +100,11 @@ def format_report(result: dict, *, markdown: bool = False) -> str:
             + f"; {result['config']['rounds']} round(s), duration {result['duration_seconds']:.0f} s"
             + (f"; {result['busy_cores']} core(s) kept busy by other processes (--busy)"
                if result.get("busy_cores") else ""))
-    parts = [head, f"CPU: torch capability {m.get('cpu_capability', '?')}, flags "
-                   f"{' '.join(m.get('cpu_flags', [])) or '?'}"]
+    unit = m.get("kernel_unit")
+    parts = [head, f"CPU: {m.get('cpu_model') or '?'}; torch capability "
+                   f"{m.get('cpu_capability', '?')}, flags {' '.join(m.get('cpu_flags', [])) or '?'}"
+                   + (f"; our kernels' unit {unit}" if unit else
+                      ("; our kernels off or not built" if "kernel_unit" in m else ""))]
     bw = result.get("bandwidth") or {}
     if bw.get("read_gbs"):
         line = f"memory: read bandwidth {bw['read_gbs']:.1f} GB/s"

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from exactspec import kernels
 from exactspec.bench import (
     Bench,
     BenchConfig,
@@ -59,6 +60,9 @@ def test_schema(result):
     json.loads(json.dumps(result))  # JSON-ready
     assert result["machine"]["cpu_capability"] in {"DEFAULT", "AVX2", "AVX512", "ZVECTOR",
                                                    "VSX"}
+    assert result["machine"]["kernel_unit"] in {*kernels.available_isas(), None}
+    if kernels.enabled():  # the unit that ran is the one named
+        assert result["machine"]["kernel_unit"] == kernels.current_isa()
     bw = result["bandwidth"]
     linear = sum(m.weight.numel() * 4 for m in tiny_model(0, layers=3).model.modules()
                  if isinstance(m, torch.nn.Linear))  # float32 projections + the head
@@ -150,6 +154,12 @@ def test_report_and_plots(result, tmp_path):
     assert "exactspec plain" in text and "speedup against K" in text and "batch of 3" in text
     md = format_report(result, markdown=True)
     assert "| engine |" in md
+    # the CPU line names the CPU (model, family and model numbers where /proc/cpuinfo has them)
+    # and the unit our kernels ran on
+    cpu_line = next(ln for ln in text.splitlines() if ln.startswith("CPU: "))
+    assert result["machine"]["cpu_model"] in cpu_line
+    unit = result["machine"]["kernel_unit"]
+    assert (f"our kernels' unit {unit}" if unit else "our kernels off") in cpu_line
     paths = write_plots(result, tmp_path)
     assert [p.name for p in paths] == ["tokens_per_second.png", "speedup_vs_k.png",
                                        "acceptance_by_position.png"]
