@@ -27,11 +27,13 @@ csrc/       the C++: ops.cpp (registration, the threads' tasks), ops_layer.cpp (
 
 from exactspec.kernels.ops import (
     BF16_INPUT_UNITS,
+    UNITS,
     attention,
     available_isas,
     current_isa,
     decoder_stack,
     enabled,
+    forced_isa_note,
     gelu_tanh_mul,
     layer_stack,
     linear,
@@ -47,7 +49,7 @@ from exactspec.kernels.ops import (
     unpack_int4,
 )
 
-__all__ = ["BF16_INPUT_UNITS", "attention", "available_isas", "current_isa", "decoder_stack", "enabled",
-           "gelu_tanh_mul", "layer_stack", "linear", "linear_w4a8", "linear_w8a16", "pack_int4",
-           "pack_int8", "rms_norm",
-           "rope_", "rounds_bf16_inputs", "set_isa", "silu_mul", "unpack_int4"]
+__all__ = ["BF16_INPUT_UNITS", "UNITS", "attention", "available_isas", "current_isa",
+           "decoder_stack", "enabled", "forced_isa_note", "gelu_tanh_mul", "layer_stack", "linear",
+           "linear_w4a8", "linear_w8a16", "pack_int4", "pack_int8", "rms_norm", "rope_",
+           "rounds_bf16_inputs", "set_isa", "silu_mul", "unpack_int4"]

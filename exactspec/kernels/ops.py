@@ -32,10 +32,25 @@ def _load() -> bool:
             _register_act_fakes()
             _register_layer_fake()
             _STATE["loaded"] = True
+            note = forced_isa_note(os.environ.get("EXACTSPEC_KERNEL_ISA"), current_isa(),
+                                   available_isas())
+            if note:
+                log.warning(note)
         except (OSError, RuntimeError, ImportError, subprocess.CalledProcessError) as exc:
             _STATE["loaded"] = False
             _STATE["reason"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     return bool(_STATE["loaded"])
+
+
+def forced_isa_note(forced: str | None, current: str, available: list[str]) -> str | None:
+    """Why `EXACTSPEC_KERNEL_ISA=forced` was not taken (a name no unit has, or a unit this CPU,
+    kernel or compiler does not give), the kernels then running on `current`; None where it
+    was taken or not set."""
+    if not forced or forced == "auto" or forced == current:
+        return None
+    why = "not a unit" if forced not in UNITS else "not a unit this CPU (or build) runs"
+    return (f"EXACTSPEC_KERNEL_ISA={forced}: {why}; the kernels run on {current} (this machine "
+            f"has {', '.join(available)}; unset it or name one of those)")
 
 
 def enabled() -> bool:
@@ -216,6 +231,7 @@ def rounds_bf16_inputs(isa: str | None = None) -> bool:
 
 
 BF16_INPUT_UNITS = ("amx", "avx512bf16")  # the units that round x to bf16 (above)
+UNITS = ("amx", "avx512bf16", "avx512vnni", "avx512", "avx2", "portable")  # csrc/ops.cpp's order
 
 
 # ---- the activations of csrc/impl_act.h (the Llama relatives: Gemma 3's GeGLU) ----
