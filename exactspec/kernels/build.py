@@ -30,7 +30,7 @@ VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mavx2", "-mfma"]
 AMX_FLAGS = ["-mamx-tile", "-mamx-bf16", "-mavx512bf16"]  # the amx unit's, where taken
 BF16_FLAGS = ["-mavx512bf16"]  # the avx512bf16 unit's, where taken
 EXTRA_FLAGS = {"amx": AMX_FLAGS, "avx512bf16": BF16_FLAGS}  # else the unit says built = false
-ISA_FLAGS = {  # unit -> its instruction-set flags
+ISA_FLAGS = {  # unit -> its instruction-set flags, the first choice first (csrc/ops.cpp kUnits)
     "amx": VNNI_FLAGS,  # + AMX_FLAGS
     "avx512bf16": VNNI_FLAGS,  # + BF16_FLAGS
     "avx512vnni": VNNI_FLAGS,

@@ -9,7 +9,7 @@ import subprocess
 
 import torch
 
-from exactspec.kernels.build import build, failure_path, library_path
+from exactspec.kernels.build import ISA_FLAGS, build, failure_path, library_path
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ def rounds_bf16_inputs(isa: str | None = None) -> bool:
 
 
 BF16_INPUT_UNITS = ("amx", "avx512bf16")  # the units that round x to bf16 (above)
-UNITS = ("amx", "avx512bf16", "avx512vnni", "avx512", "avx2", "portable")  # csrc/ops.cpp's order
+UNITS = tuple(ISA_FLAGS)  # every unit build.py compiles, the first choice first (csrc/ops.cpp)
 
 
 # ---- the activations of csrc/impl_act.h (the Llama relatives: Gemma 3's GeGLU) ----
