@@ -56,19 +56,18 @@ def alternate_ms(model, widths: list[int], context: int, n: int,
                  units: list[str] | None = None) -> tuple[dict, dict]:
     """Minimum and median ms of `n` forwards of each width after a `context`-token prompt, the
     widths (and the kernel units, `units`) taking turns on one sequence (each forward commits
-    one token); keyed by width, or by (unit, width) with `units`."""
+    one token); keyed by (unit, width), the unit None without `units`."""
     adapter = prefilled(model, context, context + n * len(widths) * len(units or [0])
                         + max(widths) + 16)
-    keys = [(u, w) for u in units for w in widths] if units else widths
+    keys = [(u, w) for u in (units or [None]) for w in widths]
     times: dict = {key: [] for key in keys}
     for _ in range(n):
-        for key in keys:
-            if units:
-                kernels.set_isa(key[0])
-            w = key[1] if units else key
+        for unit, w in keys:
+            if unit:
+                kernels.set_isa(unit)
             t0 = time.perf_counter()
             adapter.extend(torch.randint(100, 5000, (1, w)))
-            times[key].append(time.perf_counter() - t0)
+            times[(unit, w)].append(time.perf_counter() - t0)
             adapter.commit(torch.tensor([1]))
     if units:
         kernels.set_isa("auto")
@@ -103,9 +102,8 @@ def main() -> None:
         units = a.units.split(",") if a.units else None
         lo, mid = alternate_ms(model, widths, a.context, a.forwards, units)
         for unit in units or [None]:
-            pick = (lambda d, u=unit: {w: d[(u, w)] for w in widths}) if unit else (lambda d: d)
-            print(line(f"minimum {unit}" if unit else "minimum", pick(lo), widths))
-            print(line(f"median {unit}" if unit else "median", pick(mid), widths))
+            for name, ms in (("minimum", lo), ("median", mid)):
+                print(line(f"{name} {unit or ''}", {w: ms[(unit, w)] for w in widths}, widths))
         return
     flags = ("1", "0") if a.ab else ("1",)
     for _ in range(2 if a.ab else 1):
