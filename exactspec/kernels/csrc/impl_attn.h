@@ -29,6 +29,12 @@
 #ifndef ES_ATT_VPF
 #define ES_ATT_VPF 32
 #endif
+// prefetch a key's or value's row of d floats, a line at a time (LOC: __builtin_prefetch's
+// locality)
+template <int LOC>
+static inline void prefetch_row(const float* p, int64_t d) {
+  for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(p + c, 0, LOC);
+}
 
 #ifdef ES_HALF_TILES
 // AVX2 (V: two 8-lane registers): the 16 accumulators of V below would take 32 of the 16
@@ -189,7 +195,7 @@ static void values_tile(const float* const* e, const uint8_t* const* vis, const 
     for (; j <= common; ++j) {
       const float* vj = v + j * ldk + c0;
       if (c0 == 0 && j + ES_ATT_VPF <= common)  // the values ES_ATT_VPF keys ahead, whole rows
-        for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(vj + ES_ATT_VPF * ldk + c, 0, 3);
+        prefetch_row<3>(vj + ES_ATT_VPF * ldk, d);
       V vv[CW];
       ES_UNROLL for (int c = 0; c < CW; ++c) vv[c] = vload(vj + 16 * c);
       ES_UNROLL for (int g = 0; g < G; ++g) {
@@ -280,8 +286,7 @@ static void attend_run(int64_t nq, const float* const* qs, const uint8_t* const*
   for (int64_t j0 = 0; j0 <= L; j0 += 16) {
     if (ES_ATT_PF > 0) {  // the keys ES_ATT_PF blocks ahead
       const int64_t ja = j0 + 16 * ES_ATT_PF, na = L + 1 - ja < 16 ? L + 1 - ja : 16;
-      for (int64_t t = 0; t < na; ++t)
-        for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(k + (ja + t) * ldk + c, 0, 2);
+      for (int64_t t = 0; t < na; ++t) prefetch_row<2>(k + (ja + t) * ldk, d);
     }
     for (int64_t i = 0; i < nq; ++i) {
       if (j0 > last[i]) continue;
@@ -343,8 +348,7 @@ static void attend_run(int64_t nq, const float* const* qs, const uint8_t* const*
   // the values: up to ES_ATT_G queries at a time (balanced: 3 queries as one group of 3, not
   // 3 groups of 1 that each read every value again) against ES_ATT_CW chunks of 16 of d
   // the first values (values_tile's prefetch then runs ES_ATT_VPF keys ahead)
-  for (int64_t t = 0; t < ES_ATT_VPF && t <= L; ++t)
-    for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(v + t * ldk + c, 0, 3);
+  for (int64_t t = 0; t < ES_ATT_VPF && t <= L; ++t) prefetch_row<3>(v + t * ldk, d);
   static constexpr auto tiles = values_table(std::make_integer_sequence<int, ES_ATT_G>());
   const int64_t groups = (nq + ES_ATT_G - 1) / ES_ATT_G;
   for (int64_t g = 0, i = 0; g < groups; ++g) {
