@@ -4,9 +4,9 @@ CPU offers and name any path far off the fastest.
 Every FMA path computes the same bits (the amx and avx512bf16 paths: other bits for bf16
 weights, the same for the float32 model timed here); their speeds should not differ by much on
 one CPU (a path 50% slower than the fastest is a defect to look at: a register tile that
-spills, a missing prefetch). The step is a one-token forward of a random Llama (smollm2-135m's widths by
-default: hidden 576, MLP 1536, 9 / 3 heads, vocabulary 49152; `layers` of them) after a
-`context`-token prompt, on our kernels, at torch's thread count; the median of `repeats`. It
+spills, a missing prefetch). The step is a one-token forward of a random Llama (smollm2-135m's
+widths by default: hidden 576, MLP 1536, 9 / 3 heads, vocabulary 49152; `layers` of them) after
+a `context`-token prompt, on our kernels, at torch's thread count; the median of `repeats`. It
 reports; it asserts nothing about speed.
 """
 

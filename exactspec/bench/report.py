@@ -101,8 +101,9 @@ def format_report(result: dict, *, markdown: bool = False) -> str:
             + (f"; {result['busy_cores']} core(s) kept busy by other processes (--busy)"
                if result.get("busy_cores") else ""))
     unit = m.get("kernel_unit")
+    flags = " ".join(m.get("cpu_flags", [])) or "?"
     parts = [head, f"CPU: {m.get('cpu_model') or '?'}; torch capability "
-                   f"{m.get('cpu_capability', '?')}, flags {' '.join(m.get('cpu_flags', [])) or '?'}"
+                   f"{m.get('cpu_capability', '?')}, flags {flags}"
                    + (f"; our kernels' unit {unit}" if unit else
                       ("; our kernels off or not built" if "kernel_unit" in m else ""))]
     bw = result.get("bandwidth") or {}

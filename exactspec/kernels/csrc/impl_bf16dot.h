@@ -81,7 +81,8 @@ static void dot_tile(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t 
   if (KF * 32 < K) {  // the tail: weights past K read as zeros (x is zero there too)
     const __mmask32 m = static_cast<__mmask32>((1ull << (K - 32 * KF)) - 1);
     __m512i wv[C];
-    ES_DOT_UNROLL for (int c = 0; c < C; ++c) wv[c] = _mm512_maskz_loadu_epi16(m, wr + c * K + 32 * KF);
+    ES_DOT_UNROLL for (int c = 0; c < C; ++c)
+      wv[c] = _mm512_maskz_loadu_epi16(m, wr + c * K + 32 * KF);
     step(wv, KF);
   }
   // the lane sums by vhsum's tree, 16 outputs at a time (vhsum16v: bit for bit vhsum's)
