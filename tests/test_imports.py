@@ -12,9 +12,9 @@ import exactspec
 ROOT = Path(exactspec.__file__).parent
 
 # docs/architecture.md's layers, lowest first; a folder may import its own rank or lower ones
-RANK = {"errors": 0, "lazy": 0, "sampling": 1, "kernels": 2, "models": 3, "invariant": 4, "drafters": 4,
-        "engine": 5, "audit": 6, "training": 6, "integrations": 6, "bench": 7, "serve": 8,
-        "batch": 8, "cli": 9}
+RANK = {"errors": 0, "lazy": 0, "_collector": 0, "sampling": 1, "kernels": 2, "models": 3,
+        "invariant": 4, "drafters": 4, "engine": 5, "audit": 6, "training": 6, "integrations": 6,
+        "bench": 7, "serve": 8, "batch": 8, "cli": 9}
 
 
 def _modules() -> dict[str, Path]:

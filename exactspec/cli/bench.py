@@ -8,7 +8,7 @@ import re
 import sys
 
 from exactspec.bench.engine_names import BENCH_USES, BenchUse
-from exactspec.cli.common import at_least
+from exactspec.cli.common import at_least, load_model
 from exactspec.cli.drafter_flags import FLAGS
 from exactspec.drafters.registry import DRAFTERS
 
@@ -92,14 +92,13 @@ def model_drafters() -> list[tuple[str, str, BenchUse]]:
 def _sources(args, cfg, device: str) -> dict[str, object]:
     """The draft models named by the model flags (or their BenchUse default), loaded once;
     one that is the target itself, or whose engines --engines leaves out, is not loaded."""
-    from exactspec.models import load
 
     out = {}
     for name, _, use in model_drafters():
         source = getattr(args, name.replace("-", "_")) or use.default
         kept = cfg.engines is None or any(use.word in e or e in use.word for e in cfg.engines)
         if source and source != args.model and kept:
-            out[name] = load(source, device=device, dtype=args.dtype)
+            out[name] = load_model(source, device=device, dtype=args.dtype)
     return out
 
 
@@ -131,7 +130,6 @@ def run(args: argparse.Namespace) -> int:
     from exactspec.bench.busy import busy_cores
     from exactspec.bench.harness import workload_names
     from exactspec.cli.common import UsageError
-    from exactspec.models import load
     from exactspec.models.loading import progress_off
 
     if args.threads is not None:
@@ -158,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         import transformers
 
         transformers.logging.set_verbosity_error()
-    model = load(args.model, device=device, dtype=args.dtype)
+    model = load_model(args.model, device=device, dtype=args.dtype)
     layers = model.model.config.num_hidden_layers
     if not 1 <= cfg.draft_layers <= layers:
         raise UsageError(f"--draft-layers {cfg.draft_layers} must be in 1..{layers} "

@@ -155,3 +155,18 @@ class _LossyRecordFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "is a LOSSY rule" not in str(record.msg)
+
+
+def load_model(*args, **kwargs):
+    """`exactspec.models.load` for a command's process, which keeps the model to its end: torch,
+    transformers and the model made with the collector paused, then settled out of every later
+    collection's way (exactspec/_collector.py: ~1 s of a command's start)."""
+    from exactspec._collector import collector_paused, settle
+
+    with collector_paused():
+        from exactspec.models import load
+
+        model = load(*args, **kwargs)
+        settle()
+    return model
+

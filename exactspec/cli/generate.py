@@ -14,6 +14,7 @@ from exactspec.cli.common import (
     UsageError,
     at_least,
     draft_tokens,
+    load_model,
     refuse_without,
     value_or,
     warn_lossy,
@@ -82,23 +83,32 @@ def check_combinations(args: argparse.Namespace) -> None:
 
 
 
+def _params_and_model(args: argparse.Namespace):
+    """The sampling parameters (checked before the model loads) and the model, torch and
+    transformers imported with the collector paused (exactspec/_collector.py)."""
+    from exactspec._collector import collector_paused
+
+    with collector_paused():
+        from exactspec.sampling import SamplingParams
+
+        params = SamplingParams(
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty, seed=args.seed,
+        )
+        if args.threads is not None:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        return params, load_model(args.model, dtype=args.dtype)
+
+
 def run(args: argparse.Namespace) -> int:
     check_combinations(args)
     import json
 
-    from exactspec.engine import generate, stream
-    from exactspec.models import load
-    from exactspec.sampling import SamplingParams
+    params, model = _params_and_model(args)
+    from exactspec.engine import generate, stream  # imported by the load, paused
 
-    params = SamplingParams(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty, seed=args.seed,
-    )
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    model = load(args.model, dtype=args.dtype)
     drafter, spec = drafter_from_args(args, model)  # spec.label(drafter) names it
     verify = value_or(args, "verify", VERIFY_DEFAULT)
     ids = model.encode(args.prompt, chat=not args.no_chat)

@@ -96,12 +96,15 @@ def build_server(spec: EngineSpec) -> tuple[Model, Drafter | None, ServerConfig]
     the drafter."""
     import torch
 
+    from exactspec._collector import collector_paused, settle
     from exactspec.models import load
 
     if spec.threads is not None:
         torch.set_num_threads(spec.threads)
-    model = load(spec.model)
-    drafter, name = build_drafter(spec.drafter, model)
+    with collector_paused():  # this process serves this model to its end: see _collector.py
+        model = load(spec.model)
+        drafter, name = build_drafter(spec.drafter, model)
+        settle()
     config = replace(spec.config or ServerConfig(served_name=spec.model), drafter_name=name)
     return model, drafter, config
 

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+import weakref
 
 import pytest
 
@@ -59,3 +61,60 @@ def test_unknown_name_is_an_attribute_error() -> None:
 
     with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
         exactspec.nonsense  # noqa: B018
+
+
+def test_collector_paused_gives_the_caller_back_its_state() -> None:
+    from exactspec._collector import collector_paused
+
+    was_on = gc.isenabled()
+    try:
+        for before in (True, False):
+            (gc.enable if before else gc.disable)()
+            with collector_paused():
+                assert not gc.isenabled()
+            assert gc.isenabled() == before
+        gc.enable()
+        with pytest.raises(RuntimeError), collector_paused():
+            raise RuntimeError("inside")
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was_on else gc.disable)()
+
+
+def test_settle_frees_the_garbage_then_freezes_what_lives() -> None:
+    from exactspec._collector import settle
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # a cycle: freed only by a collection
+    gone = weakref.ref(a)
+    del a, b
+    try:
+        settle()
+        assert gone() is None  # collected, not frozen
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+
+
+@pytest.mark.slow
+def test_a_command_loads_with_the_collector_paused_then_settles() -> None:
+    """exactspec/_collector.py: until the model is loaded no full collection runs but settle's
+    own (the collector off), then the modules and the model sit in the permanent generation and
+    the collector is on again."""
+    out = _python(
+        "import contextlib, gc, io\n"
+        "import exactspec.cli\n"
+        "runs = []\n"
+        "def seen(phase, info):\n"
+        "    if phase == 'start':\n"
+        "        runs.append((info['generation'], gc.isenabled(), gc.get_freeze_count()))\n"
+        "gc.callbacks.append(seen)\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    rc = exactspec.cli.main(['generate', '--model', 'smollm2-135m', '--temperature',\n"
+        "                             '0', '--max-new-tokens', '2', 'Hello'])\n"
+        "full = [on for g, on, frozen in runs if g == 2 and frozen == 0]\n"
+        "print(rc, gc.isenabled(), gc.get_freeze_count() > 100_000, full)\n")
+    assert out.split("\n")[0] == "0 True True [False]"
