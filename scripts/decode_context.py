@@ -4,6 +4,7 @@
     python scripts/decode_context.py --threads 2 --lengths 64,2048,4096 --tokens 48
     python scripts/decode_context.py --lengths 64,2048 --alternate --tokens 60
     EXACTSPEC_KERNEL_ISA=avx512vnni python scripts/decode_context.py --dtype bfloat16
+    python scripts/decode_context.py --lengths 64,2048 --alternate --kv-cache bfloat16
 
 Prints, per prompt length, the prefill tok/s and the decode step in ms (target forward time
 over steps, the second of two identical calls), and each step's ratio to the shortest prompt's.
@@ -51,11 +52,13 @@ def main() -> None:
     p.add_argument("--lengths", default="64,2048,4096", help="prompt lengths in tokens")
     p.add_argument("--tokens", type=int, default=48, help="new tokens per call")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--kv-cache", choices=("float32", "bfloat16"), default="float32",
+                   help="the target's KV cache (es.load's kv_cache)")
     p.add_argument("--alternate", action="store_true",
                    help="one sequence per length, their forwards taking turns (ratios in one run)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    model = es.load(args.model, dtype=args.dtype)
+    model = es.load(args.model, dtype=args.dtype, kv_cache=args.kv_cache)
     ids = model.encode(long_document())
     if args.alternate:
         lengths = [int(n) for n in args.lengths.split(",")]

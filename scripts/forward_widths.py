@@ -79,6 +79,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+    ap.add_argument("--kv-cache", choices=("float32", "bfloat16"), default="float32",
+                    help="the target's KV cache (es.load's kv_cache)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--context", type=int, default=300, help="prompt tokens before the forwards")
     ap.add_argument("--forwards", type=int, default=30, help="forwards per width")
@@ -94,7 +96,7 @@ def main() -> None:
     if a.alternate and a.ab:
         raise SystemExit("--alternate and --ab: choose one")
     torch.set_num_threads(a.threads)
-    model = es.load(a.model, dtype=a.dtype)
+    model = es.load(a.model, dtype=a.dtype, kv_cache=a.kv_cache)
     widths = [int(w) for w in a.widths.split(",")]
     if a.units and not a.alternate:
         raise SystemExit("--units needs --alternate")

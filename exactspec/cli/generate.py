@@ -41,6 +41,10 @@ def add(sub) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="weights of the target (and --draft model); bfloat16 is fast only on "
                    "CPUs with native bf16 (avx512_bf16 / AMX)")
+    p.add_argument("--kv-cache", choices=DTYPES, default="float32",
+                   help="the target's KV cache; bfloat16 stores keys and values rounded to bf16 "
+                   "(half the bytes a step reads of a long context; another target, decoded "
+                   "exactly; our kernels only)")
     add_drafter_flags(p)  # --draft MODEL | --prompt-lookup | ..., --tree, --siblings, ...
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -99,7 +103,7 @@ def _params_and_model(args: argparse.Namespace):
             import torch
 
             torch.set_num_threads(args.threads)
-        return params, load_model(args.model, dtype=args.dtype)
+        return params, load_model(args.model, dtype=args.dtype, kv_cache=args.kv_cache)
 
 
 def run(args: argparse.Namespace) -> int:

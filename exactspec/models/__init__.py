@@ -11,7 +11,8 @@ gguf_export.py            a Llama model written as GGUF for llama.cpp
 tree_attention.py         scoring a whole token tree in one forward, keeping one path
 """
 
+from exactspec.models.adapter import set_kv_cache
 from exactspec.models.loading import Model, as_model, cache_root, load
 from exactspec.models.registry import known_names
 
-__all__ = ["Model", "as_model", "cache_root", "known_names", "load"]
+__all__ = ["Model", "as_model", "cache_root", "known_names", "load", "set_kv_cache"]

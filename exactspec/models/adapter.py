@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 from exactspec.errors import InvalidValue
 from exactspec.kernels.threads import GOVERNOR
 from exactspec.models.architectures import attention_layout
-from exactspec.models.cache import SlotCache
+from exactspec.models.cache import SlotCache, kv_cache_dtype, mark_kv_cache
 from exactspec.models.lean import LeanLlama, lean_forward_for
 
 _SUPPORTED_ATTENTION = ("eager", "sdpa")
@@ -49,6 +49,18 @@ def unwrap_model(model) -> PreTrainedModel:
     raise TypeError(
         f"expected an exactspec Model or a transformers PreTrainedModel, got {type(model).__name__}"
     )
+
+
+def set_kv_cache(model, kv_cache: str) -> None:
+    """The KV cache a target adapter gives `model` (an exactspec Model or a transformers
+    model): "float32" (the default) or "bfloat16", each key and value rounded to bf16 (to
+    nearest even) as it is stored, which halves what a step reads of a long context. With
+    "bfloat16" the target is another function (its stored keys and values rounded), decoded
+    exactly like any other: plain and speculative decoding give the same law and, greedy, the
+    same tokens (tests/kernels/test_bf16_cache.py). It runs on exactspec's kernels only (a
+    refused adapter says so). A drafter's own cache stays float32; a self-draft on the
+    target's cache reads the target's."""
+    mark_kv_cache(unwrap_model(model), kv_cache)
 
 
 class TargetAdapter:
@@ -89,6 +101,14 @@ class TargetAdapter:
         self.lean = forward if forward is not None else (
             lean_forward_for(self.model) if lean else None)
         self.one_row_copy = one_row_copy  # may a one-row step build the [in, out] copy
+        # the cache's dtype (set_kv_cache; None: the states', float32 on our kernels); a
+        # drafter's own cache (strict=False) keeps the default
+        self.kv_dtype = kv_cache_dtype(self.model) if strict else None
+        if self.kv_dtype is not None and not (self.lean is not None and self.lean.kernels):
+            raise InvalidValue(
+                "kv_cache='bfloat16' runs on exactspec's kernels (the lean forward of a CPU "
+                "build), and this target runs on transformers' or torch's operators; use "
+                "kv_cache='float32'")
         self.cache: SlotCache | None = None
         self.lengths = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] committed slots
         self._last_width = 0  # T of the last extend, bounds commit
@@ -112,7 +132,7 @@ class TargetAdapter:
         lens = [len(p) for p in unique]
         width = max(lens, default=0)
         cap = max(capacity or 0, width, 1)
-        self.cache = SlotCache(len(unique), cap)
+        self.cache = SlotCache(len(unique), cap, self.kv_dtype)
         self.lengths = torch.zeros(len(unique), dtype=torch.long, device=self.device)
         if width > 0:
             tokens = torch.full((len(unique), width), self.pad_token_id, dtype=torch.long)

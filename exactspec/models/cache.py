@@ -12,6 +12,25 @@ import copy
 import torch
 from transformers.cache_utils import Cache
 
+from exactspec.errors import InvalidValue
+
+# kv_cache= names (es.load, set_kv_cache) -> the dtype of a target's cache buffers
+KV_CACHES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_KV_ATTR = "_exactspec_kv_cache"  # on a transformers model: its target cache's dtype, if set
+
+
+def kv_cache_dtype(module) -> torch.dtype | None:
+    """The dtype `set_kv_cache` gave this transformers model's target cache (None: unset, the
+    states' own, float32 on our kernels)."""
+    return getattr(module, _KV_ATTR, None)
+
+
+def mark_kv_cache(module, kv_cache: str) -> None:
+    """Give this transformers model's target cache the dtype named by `kv_cache`."""
+    if kv_cache not in KV_CACHES:
+        raise InvalidValue(f"kv_cache={kv_cache!r} must be one of {list(KV_CACHES)}")
+    setattr(module, _KV_ATTR, None if kv_cache == "float32" else KV_CACHES[kv_cache])
+
 
 class SlotCache(Cache):
     """KV cache of per-row slots written by position; `update` returns the first `view_len` slots.
@@ -19,10 +38,14 @@ class SlotCache(Cache):
     The adapter sets `write_index` ([B, T] slots to write) and `view_len` before each forward.
     """
 
-    def __init__(self, batch_size: int, capacity: int) -> None:
+    def __init__(self, batch_size: int, capacity: int,
+                 kv_dtype: torch.dtype | None = None) -> None:
         super().__init__(layers=[])
         self.rows = batch_size  # rows in the buffers
         self.capacity = capacity  # slots allocated per row (grows on demand)
+        # the buffers' dtype (None: the states' that first fill them); torch.bfloat16 for a
+        # target loaded with kv_cache="bfloat16" (states rounded as they are written)
+        self.kv_dtype = kv_dtype
         self.keys: list[torch.Tensor] = []  # per layer, [B, H, capacity, D]
         self.values: list[torch.Tensor] = []  # per layer, [B, H, capacity, D]
         self.write_index: torch.Tensor | None = None  # [B, T] slots the next forward writes
@@ -39,8 +62,8 @@ class SlotCache(Cache):
         else:
             b, h, _, d = key_states.shape
             idx = self.write_index[:, None, :, None].expand(b, h, t, d)  # [B, H, T, D]
-            k_buf.scatter_(2, idx, key_states)
-            v_buf.scatter_(2, idx, value_states)
+            k_buf.scatter_(2, idx, key_states.to(k_buf.dtype))  # rounded as a copy rounds
+            v_buf.scatter_(2, idx, value_states.to(v_buf.dtype))
         return k_buf[:, :, : self.view_len], v_buf[:, :, : self.view_len]
 
     def buffers(self, layer_idx: int, like: torch.Tensor, value_like: torch.Tensor | None = None
@@ -60,8 +83,9 @@ class SlotCache(Cache):
         self.capacity = max(self.capacity, self.view_len)
         old_k, old_v = self.keys[layer_idx], self.values[layer_idx]
         b, h, _, d = key_states.shape
-        new_k = key_states.new_zeros(b, h, self.capacity, d)
-        new_v = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1])
+        dtype = old_k.dtype if old_k is not None else self.kv_dtype or key_states.dtype
+        new_k = key_states.new_zeros(b, h, self.capacity, d, dtype=dtype)
+        new_v = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1], dtype=dtype)
         if old_k is not None:
             new_k[:, :, : old_k.shape[2]] = old_k
             new_v[:, :, : old_v.shape[2]] = old_v
@@ -91,7 +115,7 @@ class SlotCache(Cache):
                 return ref.new_zeros(rows, ref.shape[1], cap, ref.shape[3])
             return torch.cat([t, t.new_zeros(*t.shape[:2], cap - t.shape[2], t.shape[3])], 2)
 
-        out = SlotCache(self.rows + other.rows, cap)
+        out = SlotCache(self.rows + other.rows, cap, self.kv_dtype)
         layers = max(len(self.keys), len(other.keys))
         for name in ("keys", "values"):
             a, b = getattr(self, name), getattr(other, name)

@@ -33,6 +33,7 @@ from transformers import (
 from exactspec.errors import InvalidType, InvalidValue, MissingFile
 from exactspec.models import registry
 from exactspec.models.architectures import check_target
+from exactspec.models.cache import KV_CACHES, mark_kv_cache
 from exactspec.models.gguf_convert import convert
 from exactspec.models.lean_arch import refusal
 from exactspec.models.quiet import progress_off, quiet_transformers
@@ -186,6 +187,7 @@ def load(
     dtype: str | torch.dtype = "float32",
     device: str | torch.device | None = None,
     attn_implementation: str | None = None,
+    kv_cache: str = "float32",
 ) -> Model:
     """Load a causal LM and its tokenizer, converting GGUF sources into the cache on first use.
 
@@ -194,8 +196,21 @@ def load(
     torch dtype); bfloat16 halves memory, and on our kernels a step's bytes too (torch's own
     operators are slow with it on CPUs without native bf16: there it logs a warning).
     `device=None` means CPU; `attn_implementation=None` means
-    DEFAULT_ATTN_IMPLEMENTATION.
+    DEFAULT_ATTN_IMPLEMENTATION. `kv_cache`: "float32" (default) or "bfloat16", the target's
+    keys and values stored rounded to bf16, half the bytes a step reads of a long context: a
+    target of its own, decoded exactly (`exactspec.models.set_kv_cache`; our kernels only).
     """
+    if kv_cache not in KV_CACHES:  # before the load
+        raise InvalidValue(f"kv_cache={kv_cache!r} must be one of {list(KV_CACHES)}")
+    model = _load(name_or_path, dtype=dtype, device=device,
+                  attn_implementation=attn_implementation)
+    mark_kv_cache(model.model, kv_cache)
+    return model
+
+
+def _load(name_or_path: str | os.PathLike[str], *, dtype: str | torch.dtype,
+          device: str | torch.device | None, attn_implementation: str | None) -> Model:
+    """`load` without its kv_cache."""
     torch_dtype = _dtype(dtype, device)
     attn = attn_implementation or DEFAULT_ATTN_IMPLEMENTATION
     if not isinstance(name_or_path, str | os.PathLike):

@@ -20,5 +20,6 @@ static void gelu_tanh_mul(const float* g, int64_t I, float* y, int64_t m0, int64
 #include "impl_w8a16.h"
 #include "impl_w4.h"
 #include "impl_attn.h"
-const Isa isa = {ES_NAME, linear, rms_norm, silu_mul, rope, attend_run, attend_finish, gelu_tanh_mul,
-                 linear_w8a16, quantize_i16, linear_w4a8, quantize_i8g};
+const Isa isa = {ES_NAME, linear, rms_norm, silu_mul, rope, attend_run<float>, attend_finish,
+                 gelu_tanh_mul, linear_w8a16, quantize_i16, linear_w4a8, quantize_i8g,
+                 attend_run<uint16_t>};

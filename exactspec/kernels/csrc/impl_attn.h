@@ -29,11 +29,25 @@
 #ifndef ES_ATT_VPF
 #define ES_ATT_VPF 32
 #endif
-// prefetch a key's or value's row of d floats, a line at a time (LOC: __builtin_prefetch's
+// prefetch a key's or value's row of d elements, a line at a time (LOC: __builtin_prefetch's
 // locality)
-template <int LOC>
-static inline void prefetch_row(const float* p, int64_t d) {
-  for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(p + c, 0, LOC);
+template <int LOC, class KT>
+static inline void prefetch_row(const KT* p, int64_t d) {
+  for (int64_t c = 0; c < d; c += 64 / static_cast<int64_t>(sizeof(KT)))
+    __builtin_prefetch(p + c, 0, LOC);
+}
+
+// The cache's elements (KT): float32, or bf16 (uint16_t) for a bf16 cache, each widened
+// exactly to float32 as it is loaded, so every function below computes on a bf16 cache what
+// it computes on a float32 cache holding the same (rounded) values, bit for bit.
+static inline V kv_load(const float* p) { return vload(p); }
+static inline V kv_load(const uint16_t* p) { return vload_bf16(p); }
+// n < 16 elements, zeros after
+static inline V kv_tail(const float* p, int64_t n) { return loadx_tail(p, n); }
+static inline V kv_tail(const uint16_t* p, int64_t n) {
+  uint16_t b[16] = {0};
+  for (int64_t i = 0; i < n; ++i) b[i] = p[i];
+  return vload_bf16(b);
 }
 
 #ifdef ES_HALF_TILES
@@ -45,8 +59,10 @@ static inline void prefetch_row(const float* p, int64_t d) {
 // (the same zero-padded tail): the same bits as the 16-lane functions after the #else.
 //
 // part[(h * Q + u) * 16 + t0 + t] = half h of the accumulator of query u and key j + t
-template <int Q, int P>
-static inline void dots_half(const float* const* q, const float* k, int64_t ldk, int64_t j,
+static inline __m256 kv_half(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 kv_half(const uint16_t* p) { return bf16x8(p); }
+template <int Q, int P, class KT>
+static inline void dots_half(const float* const* q, const KT* k, int64_t ldk, int64_t j,
                              int64_t d, __m256* part, int t0) {
   ES_UNROLL for (int h = 0; h < 2; ++h) {
     __m256 acc[Q][P];
@@ -57,12 +73,11 @@ static inline void dots_half(const float* const* q, const float* k, int64_t ldk,
       if (Q == 1) {  // each key's half meets one query: read as the multiply-add's operand
         const __m256 qv = _mm256_loadu_ps(q[0] + c + 8 * h);
         ES_UNROLL for (int t = 0; t < P; ++t)
-          acc[0][t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + (j + t) * ldk + c + 8 * h),
-                                      acc[0][t]);
+          acc[0][t] = _mm256_fmadd_ps(qv, kv_half(k + (j + t) * ldk + c + 8 * h), acc[0][t]);
         continue;
       }
       __m256 kv[P];
-      ES_UNROLL for (int t = 0; t < P; ++t) kv[t] = _mm256_loadu_ps(k + (j + t) * ldk + c + 8 * h);
+      ES_UNROLL for (int t = 0; t < P; ++t) kv[t] = kv_half(k + (j + t) * ldk + c + 8 * h);
       ES_UNROLL for (int u = 0; u < Q; ++u) {
         __m256 qv = _mm256_loadu_ps(q[u] + c + 8 * h);
         __asm__("" : "+x"(qv));  // one load of the query half for its P keys
@@ -72,7 +87,7 @@ static inline void dots_half(const float* const* q, const float* k, int64_t ldk,
     if (c < d) {
       __m256 kv[P];
       ES_UNROLL for (int t = 0; t < P; ++t) {
-        const V x = loadx_tail(k + (j + t) * ldk + c, d - c);
+        const V x = kv_tail(k + (j + t) * ldk + c, d - c);
         kv[t] = h ? x.b : x.a;
       }
       ES_UNROLL for (int u = 0; u < Q; ++u) {
@@ -96,7 +111,8 @@ static inline V scores_from_halves(const __m256* part, int u, int64_t n, float s
 }
 
 // scores of the query q against keys [j0, j0 + n), n <= 16; lane t = dot(q, k_{j0+t}) * scale
-static inline V scores16(const float* q, const float* k, int64_t ldk, int64_t j0, int64_t n,
+template <class KT>
+static inline V scores16(const float* q, const KT* k, int64_t ldk, int64_t j0, int64_t n,
                          int64_t d, float scale) {
   __m256 part[2 * 16];
   const float* qs[1] = {q};
@@ -107,8 +123,8 @@ static inline V scores16(const float* q, const float* k, int64_t ldk, int64_t j0
 }
 
 // scores16 for Q queries (2 or 4) against the same 16 keys: s[u] = query u's 16 scores
-template <int Q>
-static inline void scores16xq(const float* const* q, const float* k, int64_t ldk, int64_t j0,
+template <int Q, class KT>
+static inline void scores16xq(const float* const* q, const KT* k, int64_t ldk, int64_t j0,
                               int64_t d, float scale, V* s) {
   static_assert(Q == 2 || Q == 4, "scores16xq: 2 or 4 queries");
   constexpr int P = 8 / Q;  // Q x P accumulators of a half, each query half loaded once
@@ -119,7 +135,8 @@ static inline void scores16xq(const float* const* q, const float* k, int64_t ldk
 #else
 // scores of the query q against keys [j0, j0 + n), n <= 16: 16 dot-product accumulators, then
 // one vhsum16v; lane t = dot(q, k_{j0+t}) * scale (t < n)
-static inline V scores16(const float* q, const float* k, int64_t ldk, int64_t j0, int64_t n,
+template <class KT>
+static inline V scores16(const float* q, const KT* k, int64_t ldk, int64_t j0, int64_t n,
                          int64_t d, float scale) {
   V acc[16];
   ES_UNROLL for (int t = 0; t < 16; ++t) acc[t] = vzero();
@@ -128,18 +145,18 @@ static inline V scores16(const float* q, const float* k, int64_t ldk, int64_t j0
     for (; c + 16 <= d; c += 16) {
       const V qv = vload(q + c);
       ES_UNROLL for (int t = 0; t < 16; ++t)
-        acc[t] = vfma(qv, vload(k + (j0 + t) * ldk + c), acc[t]);
+        acc[t] = vfma(qv, kv_load(k + (j0 + t) * ldk + c), acc[t]);
     }
   } else {
     for (; c + 16 <= d; c += 16) {
       const V qv = vload(q + c);
-      for (int64_t t = 0; t < n; ++t) acc[t] = vfma(qv, vload(k + (j0 + t) * ldk + c), acc[t]);
+      for (int64_t t = 0; t < n; ++t) acc[t] = vfma(qv, kv_load(k + (j0 + t) * ldk + c), acc[t]);
     }
   }
   if (c < d) {
     const V qv = loadx_tail(q + c, d - c);
     for (int64_t t = 0; t < n; ++t)
-      acc[t] = vfma(qv, loadx_tail(k + (j0 + t) * ldk + c, d - c), acc[t]);
+      acc[t] = vfma(qv, kv_tail(k + (j0 + t) * ldk + c, d - c), acc[t]);
   }
   return vmul(vhsum16v(acc), vset1(scale));
 }
@@ -148,8 +165,8 @@ static inline V scores16(const float* q, const float* k, int64_t ldk, int64_t j0
 // vector loaded once for the Q queries, 16 / Q keys x Q queries in 16 accumulators at a time;
 // every score the same chain of multiply-adds and the same vhsum16v tree as scores16's, so the
 // same bits. s[u]: query u's 16 scores times scale
-template <int Q>
-static inline void scores16xq(const float* const* q, const float* k, int64_t ldk, int64_t j0,
+template <int Q, class KT>
+static inline void scores16xq(const float* const* q, const KT* k, int64_t ldk, int64_t j0,
                               int64_t d, float scale, V* s) {
   constexpr int P = 16 / Q;  // keys per pass
   static_assert(Q == 2 || Q == 4, "scores16xq: 2 or 4 queries");
@@ -161,7 +178,7 @@ static inline void scores16xq(const float* const* q, const float* k, int64_t ldk
       V qv[Q];
       ES_UNROLL for (int u = 0; u < Q; ++u) qv[u] = vload(q[u] + c);
       ES_UNROLL for (int t = 0; t < P; ++t) {
-        const V kv = vload(k + (j0 + P * h + t) * ldk + c);
+        const V kv = kv_load(k + (j0 + P * h + t) * ldk + c);
         ES_UNROLL for (int u = 0; u < Q; ++u) acc[u * P + t] = vfma(qv[u], kv, acc[u * P + t]);
       }
     }
@@ -176,9 +193,9 @@ static inline void scores16xq(const float* const* q, const float* k, int64_t ldk
 
 // acc_g += e_g[j] v_j over the visible keys j <= last_g, in key order, for G queries and the
 // chunks [c0, c0 + 16 CW) of d (in registers), then stored (attend_finish divides)
-template <int G, int CW>
+template <int G, int CW, class KT>
 static void values_tile(const float* const* e, const uint8_t* const* vis, const int64_t* last,
-                        const float* v, int64_t ldk, int64_t d, int64_t c0, float* const* o) {
+                        const KT* v, int64_t ldk, int64_t d, int64_t c0, float* const* o) {
   V acc[G][CW];
   ES_UNROLL for (int g = 0; g < G; ++g)
     ES_UNROLL for (int c = 0; c < CW; ++c) acc[g][c] = vzero();
@@ -193,22 +210,22 @@ static void values_tile(const float* const* e, const uint8_t* const* vis, const 
   int64_t j = 0;
   if (!masked && width == 16 * CW)  // no query skips a key below `common`: no test per query
     for (; j <= common; ++j) {
-      const float* vj = v + j * ldk + c0;
+      const KT* vj = v + j * ldk + c0;
       if (c0 == 0 && j + ES_ATT_VPF <= common)  // the values ES_ATT_VPF keys ahead, whole rows
         prefetch_row<3>(vj + ES_ATT_VPF * ldk, d);
       V vv[CW];
-      ES_UNROLL for (int c = 0; c < CW; ++c) vv[c] = vload(vj + 16 * c);
+      ES_UNROLL for (int c = 0; c < CW; ++c) vv[c] = kv_load(vj + 16 * c);
       ES_UNROLL for (int g = 0; g < G; ++g) {
         const V p = vset1(e[g][j]);
         ES_UNROLL for (int c = 0; c < CW; ++c) acc[g][c] = vfma(p, vv[c], acc[g][c]);
       }
     }
   for (; j <= L; ++j) {
-    const float* vj = v + j * ldk + c0;
+    const KT* vj = v + j * ldk + c0;
     V vv[CW];
     ES_UNROLL for (int c = 0; c < CW; ++c) {
       const int64_t r = width - 16 * c;
-      vv[c] = r >= 16 ? vload(vj + 16 * c) : r > 0 ? loadx_tail(vj + 16 * c, r) : vzero();
+      vv[c] = r >= 16 ? kv_load(vj + 16 * c) : r > 0 ? kv_tail(vj + 16 * c, r) : vzero();
     }
     ES_UNROLL for (int g = 0; g < G; ++g) {
       if (j > last[g] || (vis[g] && !vis[g][j])) continue;
@@ -227,11 +244,12 @@ static void values_tile(const float* const* e, const uint8_t* const* vis, const 
   }
 }
 
-typedef void (*ValuesFn)(const float* const*, const uint8_t* const*, const int64_t*,
-                         const float*, int64_t, int64_t, int64_t, float* const*);
-template <int... G>
+template <class KT>
+using ValuesFn = void (*)(const float* const*, const uint8_t* const*, const int64_t*, const KT*,
+                          int64_t, int64_t, int64_t, float* const*);
+template <class KT, int... G>
 static constexpr auto values_table(std::integer_sequence<int, G...>) {
-  return std::array<ValuesFn, sizeof...(G)>{values_tile<G + 1, ES_ATT_CW>...};
+  return std::array<ValuesFn<KT>, sizeof...(G)>{values_tile<G + 1, ES_ATT_CW, KT>...};
 }
 
 // sum[g] = e[g][0] + e[g][1] + ... over the keys j <= last[g] that query g sees, one add
@@ -266,10 +284,11 @@ static void sums8(int64_t n, float* const* e, const uint8_t* const* mask, const 
 // 0: top[i] = its largest visible score (-inf when none), sum[i] = the sum of e_j = exp(s_j -
 // top[i]) over its visible keys in key order, acc[i][:d] = the sum of e_j v_j in key order (one
 // fused multiply-add chain per lane). scratch: nq * ld floats, ld >= max last + 17.
+template <class KT>
 static void attend_run(int64_t nq, const float* const* qs, const uint8_t* const* mask,
-                       const int64_t* last, const float* k, const float* v, int64_t ldk,
-                       int64_t d, float scale, float* scratch, int64_t ld, float* top,
-                       float* sum, float* const* acc) {
+                       const int64_t* last, const KT* k, const KT* v, int64_t ldk, int64_t d,
+                       float scale, float* scratch, int64_t ld, float* top, float* sum,
+                       float* const* acc) {
   constexpr int64_t kMaxQ = 64;
   float* e[kMaxQ];
   int64_t L = -1;
@@ -349,7 +368,7 @@ static void attend_run(int64_t nq, const float* const* qs, const uint8_t* const*
   // 3 groups of 1 that each read every value again) against ES_ATT_CW chunks of 16 of d
   // the first values (values_tile's prefetch then runs ES_ATT_VPF keys ahead)
   for (int64_t t = 0; t < ES_ATT_VPF && t <= L; ++t) prefetch_row<3>(v + t * ldk, d);
-  static constexpr auto tiles = values_table(std::make_integer_sequence<int, ES_ATT_G>());
+  static constexpr auto tiles = values_table<KT>(std::make_integer_sequence<int, ES_ATT_G>());
   const int64_t groups = (nq + ES_ATT_G - 1) / ES_ATT_G;
   for (int64_t g = 0, i = 0; g < groups; ++g) {
     const int64_t i1 = nq * (g + 1) / groups;

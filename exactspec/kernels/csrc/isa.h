@@ -69,6 +69,12 @@ struct Isa {
                       int64_t ldy, int64_t N, int64_t p0, int64_t p1);
   // one row of x [K] rounded to int8 per group of 32 for linear_w4a8 (impl_w4.h)
   void (*quantize_i8g)(const float* x, int64_t K, int64_t Kp, int8_t* xq, float* sx, float* xs);
+  // attend_run over a bf16 cache: k and v bf16 (uint16_t), each widened exactly to float32, so
+  // attend_run's bits on a float32 cache holding the same values (impl_attn.h)
+  void (*attend_run_bf16)(int64_t nq, const float* const* qs, const uint8_t* const* mask,
+                          const int64_t* last, const uint16_t* k, const uint16_t* v,
+                          int64_t ldk, int64_t d, float scale, float* scratch, int64_t ld,
+                          float* top, float* sum, float* const* acc);
 };
 
 namespace amx {

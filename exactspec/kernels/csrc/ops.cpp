@@ -396,8 +396,13 @@ int64_t last_visible(const uint8_t* visible, int64_t S, bool* dense) {
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const c10::optional<at::Tensor>& mask_, double scale) {
   check_f32_rows(q, "q", 4);
-  check_f32_rows(k, "k", 4);
-  check_f32_rows(v, "v", 4);
+  // the cache: float32, or bf16 (widened exactly as it is read: attend_run_bf16)
+  TORCH_CHECK(k.device().is_cpu() && v.device().is_cpu() && k.dim() == 4 && v.dim() == 4 &&
+                  (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16) &&
+                  v.scalar_type() == k.scalar_type(),
+              "attention: k and v must be CPU [B, kv, S, d] tensors, both float32 or both "
+              "bfloat16, got ", k.scalar_type(), " and ", v.scalar_type());
+  const bool bf16 = k.scalar_type() == at::kBFloat16;
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), d = q.size(3);
   const int64_t KV = k.size(1), S = k.size(2);
   TORCH_CHECK(k.size(0) == B && k.size(3) == d && v.sizes() == k.sizes() && H % KV == 0,
@@ -420,8 +425,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   at::Tensor o = at::empty({B, T, H, d}, q.options());
   const Isa& kern = isa();
   const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
+  const void* kp = k.data_ptr();
+  const void* vp = v.data_ptr();
   const uint8_t* mp = mask.defined() ? reinterpret_cast<const uint8_t*>(mask.data_ptr<bool>())
                                      : nullptr;
   float* op = o.data_ptr<float>();
@@ -494,8 +499,14 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       acc[u] = part + u * stride + 2;
     }
     const int64_t off = b * k.stride(0) + g * k.stride(1) + j0 * k.stride(2);
-    kern.attend_run(nq, qs, ms, rel, kp + off, vp + off, k.stride(2), d,
-                    static_cast<float>(scale), scratch, kAttnRun + 32, top, sum, acc);
+    if (bf16)
+      kern.attend_run_bf16(nq, qs, ms, rel, static_cast<const uint16_t*>(kp) + off,
+                           static_cast<const uint16_t*>(vp) + off, k.stride(2), d,
+                           static_cast<float>(scale), scratch, kAttnRun + 32, top, sum, acc);
+    else
+      kern.attend_run(nq, qs, ms, rel, static_cast<const float*>(kp) + off,
+                      static_cast<const float*>(vp) + off, k.stride(2), d,
+                      static_cast<float>(scale), scratch, kAttnRun + 32, top, sum, acc);
     for (int64_t u = 0; u < nq; ++u) {
       part[u * stride] = top[u];
       part[u * stride + 1] = sum[u];

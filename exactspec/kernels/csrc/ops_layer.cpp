@@ -242,8 +242,9 @@ at::Tensor run_layer(const Layer& L, const at::Tensor& x, const at::Tensor& cos,
   } else {
     TORCH_CHECK(st.write_index->has_value(), "decoder layer: write_start < 0 needs write_index");
     const at::Tensor idx = (*st.write_index)->view({b, 1, t, 1}).expand({b, kv, t, d});
-    k_cache.scatter_(2, idx, k);
-    v_cache.scatter_(2, idx, v);
+    // a bf16 cache: rounded as copy_ rounds (to nearest even)
+    k_cache.scatter_(2, idx, k.to(k_cache.scalar_type()));
+    v_cache.scatter_(2, idx, v.to(v_cache.scalar_type()));
   }
   at::Tensor a = attention(q, k_cache.narrow(2, 0, st.view_len),
                            v_cache.narrow(2, 0, st.view_len), mask, L.scale).view({m, h * d});
@@ -363,6 +364,17 @@ inline void share(int64_t total, int t, int n, int64_t* b0, int64_t* b1) {
   *b1 = total * (t + 1) / n;
 }
 
+// d floats of x into a cache buffer at element `at`: copied (float32), or rounded to bf16 to
+// nearest even (as torch's float-to-bfloat16 copy, the operator path's cache update)
+inline void store_row(void* buf, bool bf16, int64_t at, const float* x, int64_t d) {
+  if (!bf16) {
+    std::memcpy(static_cast<float*>(buf) + at, x, d * sizeof(float));
+    return;
+  }
+  c10::BFloat16* o = static_cast<c10::BFloat16*>(buf) + at;
+  for (int64_t c = 0; c < d; ++c) o[c] = c10::BFloat16(x[c]);
+}
+
 // thread t's share of y = x P^T (+ r, or + bias) for M rows of K floats (x's quantized copy in s
 // when P is packed), y and r [M, P.N], bias [P.N]
 void rows_product(const Isa& k, const Prod& P, const float* x, int64_t M, int64_t K,
@@ -427,7 +439,8 @@ bool rows_ok(const LayerStack& stack, const at::Tensor& x, at::TensorList k_cach
       if (pk.first->kind == Prod::kParts ? pk.first->K != pk.second
                                          : pk.first->Kp != (pk.second + 31) / 32 * 32)
         return false;
-    if (kc.scalar_type() != at::kFloat || vc.scalar_type() != at::kFloat || kc.dim() != 4 ||
+    if ((kc.scalar_type() != at::kFloat && kc.scalar_type() != at::kBFloat16) ||
+        vc.scalar_type() != kc.scalar_type() || kc.dim() != 4 ||
         kc.size(0) != batch || kc.size(1) != kv || kc.size(3) != d || vc.sizes() != kc.sizes() ||
         kc.strides() != vc.strides() || kc.stride(3) != 1 || view_len > kc.size(2) ||
         write_start + T > view_len)
@@ -472,8 +485,9 @@ RowsMask rows_mask(const c10::optional<at::Tensor>& mask, int64_t B, int64_t T, 
 struct AttnView {
   const float* q;
   int64_t ldq;
-  const float* k;
-  const float* v;
+  const void* k;  // float, or bf16 (uint16_t) where bf16
+  const void* v;
+  bool bf16;
   int64_t ks0, ks1, ks2, d;
   float scale;
   const RowsMask* mask;
@@ -498,8 +512,14 @@ void attend_queries(const Isa& k, const AttnView& A, int64_t b, int64_t gi, int6
     acc[u] = part + u * stride + 2;
   }
   const int64_t off = b * A.ks0 + gi * A.ks1 + j0 * A.ks2;
-  k.attend_run(nq, qs, ms, rel, A.k + off, A.v + off, A.ks2, A.d, A.scale, scratch,
-               kAttnRun + 32, top, sum, acc);
+  if (A.bf16)
+    k.attend_run_bf16(nq, qs, ms, rel, static_cast<const uint16_t*>(A.k) + off,
+                      static_cast<const uint16_t*>(A.v) + off, A.ks2, A.d, A.scale, scratch,
+                      kAttnRun + 32, top, sum, acc);
+  else
+    k.attend_run(nq, qs, ms, rel, static_cast<const float*>(A.k) + off,
+                 static_cast<const float*>(A.v) + off, A.ks2, A.d, A.scale, scratch,
+                 kAttnRun + 32, top, sum, acc);
   for (int64_t u = 0; u < nq; ++u) {
     part[u * stride] = top[u];
     part[u * stride + 1] = sum[u];
@@ -603,8 +623,9 @@ std::vector<at::Tensor> rows_stack(
       const int64_t ldq = qk_norm ? h * d : N, ldk = qk_norm ? kv * d : N;
       const at::Tensor& kc = k_caches[li];
       const at::Tensor& vc = v_caches[li];
-      float* kcp = kc.data_ptr<float>();
-      float* vcp = vc.data_ptr<float>();
+      const bool bf16 = kc.scalar_type() == at::kBFloat16;
+      void* kcp = kc.data_ptr();
+      void* vcp = vc.data_ptr();
       const int64_t ks0 = kc.stride(0), ks1 = kc.stride(1), ks2 = kc.stride(2);
       if (qk_norm) {
         for (int64_t m = r0; m < r1; ++m) {
@@ -621,10 +642,9 @@ std::vector<at::Tensor> rows_stack(
       for (int64_t m = r0; m < r1; ++m) {
         const int64_t b = m / T, slot = write_start + m % T;
         for (int64_t gi = 0; gi < kv; ++gi) {
-          std::memcpy(kcp + b * ks0 + gi * ks1 + slot * ks2, kr + m * ldk + gi * d,
-                      d * sizeof(float));
-          std::memcpy(vcp + b * ks0 + gi * ks1 + slot * ks2, y.data() + m * N + (h + kv + gi) * d,
-                      d * sizeof(float));
+          const int64_t at = b * ks0 + gi * ks1 + slot * ks2;
+          store_row(kcp, bf16, at, kr + m * ldk + gi * d, d);
+          store_row(vcp, bf16, at, y.data() + m * N + (h + kv + gi) * d, d);
         }
       }
       bar.wait(n);
@@ -637,7 +657,8 @@ std::vector<at::Tensor> rows_stack(
       // queries of one key/value head. (A static share of the items had given one thread every
       // whole run and the other every short one; a share by query head, 5 heads against 4.)
       const RowsMask& msk = L.local ? ml : mg;
-      const AttnView av{q, ldq, kcp, vcp, ks0, ks1, ks2, d, static_cast<float>(L.scale), &msk};
+      const AttnView av{q, ldq, kcp, vcp, bf16, ks0, ks1, ks2, d, static_cast<float>(L.scale),
+                        &msk};
       const int64_t stride = d + 2;  // floats of a query's partial
       if (msk.runs_max > 1 && T * rep <= 64 && B * kv < 4 * n) {
         const int64_t nq = T * rep, groups = B * kv, items = groups * msk.runs_max;
