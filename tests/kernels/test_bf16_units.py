@@ -22,7 +22,6 @@ import pytest
 import torch
 
 from exactspec import SamplingParams, kernels
-from exactspec.audit.stats import chi_square
 from exactspec.drafters import QuantizedDraft
 from exactspec.engine import generate
 from exactspec.models.adapter import TargetAdapter
@@ -169,18 +168,7 @@ def test_the_law_of_the_first_tokens_on_the_unit(unit):
     """The bf16 lean forward's own law (its logits on AMX, exact enumeration), against the
     engine's counts plain and with the int8 self-draft (chi-square, false alarm 1e-6 each);
     the wrong variant (qwen3 without its q/k norms, the same bf16 weights) is rejected."""
-    from tests.models.test_architecture_law import ROWS, V, _counts
-    from tests.models.test_lean_architectures import WRONG, _lean_law, assert_wrong_variant_rejected
+    from tests.models.test_lean_architectures import assert_qwen3_law_kept
 
     torch.set_num_threads(1)
-    model = _tiny_bf16("qwen3", vocab=V)
-    law = _lean_law(model)
-    for drafter in (None, QuantizedDraft(8, backend="torch")):
-        counts, accepted = _counts(model, drafter, seed=31)
-        if drafter is not None:
-            assert accepted > ROWS // 20
-        result = chi_square(counts, law)
-        assert result.dof > 100 and not result.rejected, result
-    bad = _tiny_bf16("qwen3", vocab=V)
-    WRONG["qwen3"]["q/k norms skipped"](lean_forward_for(bad))
-    assert_wrong_variant_rejected(law, bad, seed=32)
+    assert_qwen3_law_kept(_tiny_bf16, seed=31)

