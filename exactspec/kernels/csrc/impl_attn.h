@@ -51,6 +51,10 @@ static inline V kv_tail(const uint16_t* p, int64_t n) {
 }
 
 #ifdef ES_HALF_TILES
+// 8 of the cache's elements as floats (the half tiles' kv_load)
+static inline __m256 kv_half(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 kv_half(const uint16_t* p) { return bf16x8(p); }
+
 // AVX2 (V: two 8-lane registers): the 16 accumulators of V below would take 32 of the 16
 // registers, and they lived on the stack, a load and a store around every multiply-add. Here the
 // same accumulators are computed an 8-lane half at a time (as impl.h's tile_half): half h of
@@ -59,8 +63,6 @@ static inline V kv_tail(const uint16_t* p, int64_t n) {
 // (the same zero-padded tail): the same bits as the 16-lane functions after the #else.
 //
 // part[(h * Q + u) * 16 + t0 + t] = half h of the accumulator of query u and key j + t
-static inline __m256 kv_half(const float* p) { return _mm256_loadu_ps(p); }
-static inline __m256 kv_half(const uint16_t* p) { return bf16x8(p); }
 template <int Q, int P, class KT>
 static inline void dots_half(const float* const* q, const KT* k, int64_t ldk, int64_t j,
                              int64_t d, __m256* part, int t0) {
