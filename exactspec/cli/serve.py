@@ -103,6 +103,10 @@ def add(sub) -> None:
         "exactspec serve --prompt-lookup --port 8000 --api-key secret")
     p.add_argument("--model", default="smollm2-135m",
                    help="target: embedded name, transformers directory or .gguf file")
+    p.add_argument("--kv-cache", choices=("float32", "bfloat16"), default="float32",
+                   help="the target's KV cache; bfloat16 stores keys and values rounded to bf16 "
+                   "(half the bytes a step reads of a long context; another target, served "
+                   "exactly; our kernels only)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
                    "%(default)s; 0.0.0.0 exposes it to the network)")
     p.add_argument("--port", type=port, default=8000,
@@ -198,14 +202,15 @@ def run(args) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.engine_in_process or (has_drafter and args.verify is not None):
-        model = load(args.model)  # the engine here; or only to refuse a tree's method now
+        model = load(args.model, kv_cache=args.kv_cache)  # the engine here; or to refuse now
         drafter, name = build_drafter(drafter_choice(args), model)
         check_tree_method(drafter, verify)
         config = replace(config, drafter_name=name)
         if not args.engine_in_process:
             del model, drafter  # the engine process loads its own
     spec = None if args.engine_in_process else EngineSpec(
-        model=args.model, drafter=drafter_choice(args), config=config, threads=args.threads)
+        model=args.model, drafter=drafter_choice(args), config=config, threads=args.threads,
+        kv_cache=args.kv_cache)
     try:  # with a spec, the model loads in the engine process, restarted if it dies
         serve(None if spec else model, None if spec else drafter, config, host=args.host,
               port=args.port, engine_process=spec, max_restarts=args.engine_restarts)
@@ -238,7 +243,7 @@ def _replicas(args, verify, has_drafter: bool) -> int:
                             if has_drafter else 0, verify=verify,
                             logprobs_mode=args.logprobs_mode, seeded_verify=args.seeded_verify))
     spec = ReplicaSpec(model=args.model, drafter=drafter_choice(args), config=config,
-                       threads=args.threads,
+                       threads=args.threads, kv_cache=args.kv_cache,
                        host="127.0.0.1" if args.ray is None else None)
     serve_replicas(spec, args.replicas, host=args.host, port=args.port, address=args.ray,
                    api_key=args.api_key)

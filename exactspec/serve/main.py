@@ -89,6 +89,7 @@ class EngineSpec:
     config: ServerConfig | None = None  # the HTTP and engine settings
     threads: int | None = None  # torch CPU threads (None: torch's default)
     host: str | None = "127.0.0.1"  # where its server listens; None: its node's IP (Ray)
+    kv_cache: str = "float32"  # es.load's kv_cache: the target's KV cache
 
 
 def build_server(spec: EngineSpec) -> tuple[Model, Drafter | None, ServerConfig]:
@@ -102,7 +103,7 @@ def build_server(spec: EngineSpec) -> tuple[Model, Drafter | None, ServerConfig]
     if spec.threads is not None:
         torch.set_num_threads(spec.threads)
     with collector_paused():  # this process serves this model to its end: see _collector.py
-        model = load(spec.model)
+        model = load(spec.model, kv_cache=spec.kv_cache)
         drafter, name = build_drafter(spec.drafter, model)
         settle()
     config = replace(spec.config or ServerConfig(served_name=spec.model), drafter_name=name)

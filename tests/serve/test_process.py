@@ -153,3 +153,24 @@ def test_bench_serve_on_a_tiny_model(tiny_dir, tmp_path, capsys):
 def test_quantized_draft_flag_is_refused_or_built(tiny_dir):
     code = main(["serve", "--model", str(tiny_dir), "--quantized-draft", "3"])
     assert code == 2  # argparse: 8 or 4 only
+
+
+def test_the_kv_cache_flag_reaches_the_engines_model(tiny_dir):
+    import gc
+
+    import torch
+
+    from exactspec.models.cache import kv_cache_dtype
+    from exactspec.serve.main import EngineSpec, build_server
+
+    assert main(["serve", "--model", str(tiny_dir), "--kv-cache", "fp8"]) == 2
+    try:
+        model, _, _ = build_server(EngineSpec(model=str(tiny_dir), kv_cache="bfloat16"))
+        assert kv_cache_dtype(model.model) == torch.bfloat16
+        greedy = es.SamplingParams(temperature=0)
+        out = es.generate(model, [[1, 2, 3]], params=greedy, max_new_tokens=4)[0]
+        assert len(out.token_ids) >= 1
+        plain, _, _ = build_server(EngineSpec(model=str(tiny_dir)))
+        assert kv_cache_dtype(plain.model) is None
+    finally:
+        gc.unfreeze()  # build_server settled this worker's objects
