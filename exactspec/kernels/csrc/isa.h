@@ -77,6 +77,22 @@ struct Isa {
                           float* top, float* sum, float* const* acc);
 };
 
+// unit.attend_run, or attend_run_bf16 where the cache is bf16, on the keys and values `off`
+// elements into the cache's buffers kc and vc (float, or uint16_t where bf16)
+inline void attend_cache(const Isa& unit, bool bf16, int64_t nq, const float* const* qs,
+                         const uint8_t* const* mask, const int64_t* last, const void* kc,
+                         const void* vc, int64_t off, int64_t ldk, int64_t d, float scale,
+                         float* scratch, int64_t ld, float* top, float* sum, float* const* acc) {
+  if (bf16)
+    unit.attend_run_bf16(nq, qs, mask, last, static_cast<const uint16_t*>(kc) + off,
+                         static_cast<const uint16_t*>(vc) + off, ldk, d, scale, scratch, ld,
+                         top, sum, acc);
+  else
+    unit.attend_run(nq, qs, mask, last, static_cast<const float*>(kc) + off,
+                    static_cast<const float*>(vc) + off, ldk, d, scale, scratch, ld, top, sum,
+                    acc);
+}
+
 namespace amx {
 extern const Isa isa;
 extern const bool built;  // compiled with AMX (the compiler took its flags)

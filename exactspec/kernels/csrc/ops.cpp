@@ -499,14 +499,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       acc[u] = part + u * stride + 2;
     }
     const int64_t off = b * k.stride(0) + g * k.stride(1) + j0 * k.stride(2);
-    if (bf16)
-      kern.attend_run_bf16(nq, qs, ms, rel, static_cast<const uint16_t*>(kp) + off,
-                           static_cast<const uint16_t*>(vp) + off, k.stride(2), d,
-                           static_cast<float>(scale), scratch, kAttnRun + 32, top, sum, acc);
-    else
-      kern.attend_run(nq, qs, ms, rel, static_cast<const float*>(kp) + off,
-                      static_cast<const float*>(vp) + off, k.stride(2), d,
-                      static_cast<float>(scale), scratch, kAttnRun + 32, top, sum, acc);
+    attend_cache(kern, bf16, nq, qs, ms, rel, kp, vp, off, k.stride(2), d,
+                 static_cast<float>(scale), scratch, kAttnRun + 32, top, sum, acc);
     for (int64_t u = 0; u < nq; ++u) {
       part[u * stride] = top[u];
       part[u * stride + 1] = sum[u];

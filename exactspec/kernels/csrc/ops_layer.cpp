@@ -512,14 +512,8 @@ void attend_queries(const Isa& k, const AttnView& A, int64_t b, int64_t gi, int6
     acc[u] = part + u * stride + 2;
   }
   const int64_t off = b * A.ks0 + gi * A.ks1 + j0 * A.ks2;
-  if (A.bf16)
-    k.attend_run_bf16(nq, qs, ms, rel, static_cast<const uint16_t*>(A.k) + off,
-                      static_cast<const uint16_t*>(A.v) + off, A.ks2, A.d, A.scale, scratch,
-                      kAttnRun + 32, top, sum, acc);
-  else
-    k.attend_run(nq, qs, ms, rel, static_cast<const float*>(A.k) + off,
-                 static_cast<const float*>(A.v) + off, A.ks2, A.d, A.scale, scratch,
-                 kAttnRun + 32, top, sum, acc);
+  attend_cache(k, A.bf16, nq, qs, ms, rel, A.k, A.v, off, A.ks2, A.d, A.scale, scratch,
+               kAttnRun + 32, top, sum, acc);
   for (int64_t u = 0; u < nq; ++u) {
     part[u * stride] = top[u];
     part[u * stride + 1] = sum[u];
