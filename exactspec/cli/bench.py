@@ -92,7 +92,6 @@ def model_drafters() -> list[tuple[str, str, BenchUse]]:
 def _sources(args, cfg, device: str) -> dict[str, object]:
     """The draft models named by the model flags (or their BenchUse default), loaded once;
     one that is the target itself, or whose engines --engines leaves out, is not loaded."""
-
     out = {}
     for name, _, use in model_drafters():
         source = getattr(args, name.replace("-", "_")) or use.default

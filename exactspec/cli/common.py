@@ -169,4 +169,3 @@ def load_model(*args, **kwargs):
         model = load(*args, **kwargs)
         settle()
     return model
-

@@ -14,8 +14,9 @@ from transformers.cache_utils import Cache
 
 from exactspec.errors import InvalidValue
 
-# kv_cache= names (es.load, set_kv_cache) -> the dtype of a target's cache buffers
-KV_CACHES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# kv_cache= names (es.load, set_kv_cache) -> the dtype of a target's cache buffers (None: the
+# states' own, float32 on our kernels)
+KV_CACHES = {"float32": None, "bfloat16": torch.bfloat16}
 _KV_ATTR = "_exactspec_kv_cache"  # on a transformers model: its target cache's dtype, if set
 
 
@@ -25,11 +26,16 @@ def kv_cache_dtype(module) -> torch.dtype | None:
     return getattr(module, _KV_ATTR, None)
 
 
-def mark_kv_cache(module, kv_cache: str) -> None:
-    """Give this transformers model's target cache the dtype named by `kv_cache`."""
+def kv_dtype_named(kv_cache: str) -> torch.dtype | None:
+    """The buffers' dtype `kv_cache` names (KV_CACHES); InvalidValue for another name."""
     if kv_cache not in KV_CACHES:
         raise InvalidValue(f"kv_cache={kv_cache!r} must be one of {list(KV_CACHES)}")
-    setattr(module, _KV_ATTR, None if kv_cache == "float32" else KV_CACHES[kv_cache])
+    return KV_CACHES[kv_cache]
+
+
+def mark_kv_cache(module, kv_cache: str) -> None:
+    """Give this transformers model's target cache the dtype named by `kv_cache`."""
+    setattr(module, _KV_ATTR, kv_dtype_named(kv_cache))
 
 
 class SlotCache(Cache):

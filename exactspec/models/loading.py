@@ -33,7 +33,7 @@ from transformers import (
 from exactspec.errors import InvalidType, InvalidValue, MissingFile
 from exactspec.models import registry
 from exactspec.models.architectures import check_target
-from exactspec.models.cache import KV_CACHES, mark_kv_cache
+from exactspec.models.cache import kv_dtype_named, mark_kv_cache
 from exactspec.models.gguf_convert import convert
 from exactspec.models.lean_arch import refusal
 from exactspec.models.quiet import progress_off, quiet_transformers
@@ -200,8 +200,7 @@ def load(
     keys and values stored rounded to bf16, half the bytes a step reads of a long context: a
     target of its own, decoded exactly (`exactspec.models.set_kv_cache`; our kernels only).
     """
-    if kv_cache not in KV_CACHES:  # before the load
-        raise InvalidValue(f"kv_cache={kv_cache!r} must be one of {list(KV_CACHES)}")
+    kv_dtype_named(kv_cache)  # a wrong name refused before the load
     model = _load(name_or_path, dtype=dtype, device=device,
                   attn_implementation=attn_implementation)
     mark_kv_cache(model.model, kv_cache)
