@@ -37,15 +37,24 @@ def byte_decoder() -> dict[str, int]:
 def _decoder_kinds(tokenizer) -> set[str]:
     """The decoder steps of a fast tokenizer ("ByteLevel", "Replace", "ByteFallback", ...)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
+    decoder = getattr(backend, "decoder", None)
+    if decoder is None:
         return set()
-    spec = json.loads(backend.to_str()).get("decoder") or {}
+    # the decoder's own JSON (its pickled state), not the whole tokenizer's: gemma3's to_str()
+    # and its parse took ~1.4 s for a few hundred bytes
+    spec = json.loads(decoder.__getstate__())
     steps = spec.get("decoders", [spec]) if spec.get("type") == "Sequence" else [spec]
     return {s.get("type", "") for s in steps}
 
 
 def token_bytes(tokenizer) -> list[bytes | None]:
     """The bytes each token id stands for; None for special tokens and unreadable pieces."""
+    return _read_vocab(tokenizer)[0]
+
+
+def _read_vocab(tokenizer) -> tuple[list[bytes | None], set[int]]:
+    """token_bytes, and the ids of the byte-fallback tokens ("<0x20>": a target's last choice
+    for a byte string), in one pass over the vocabulary."""
     vocab = tokenizer.get_vocab()  # piece -> id
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     special |= set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
@@ -55,19 +64,22 @@ def token_bytes(tokenizer) -> list[bytes | None]:
     fallback = "ByteFallback" in kinds
     table = byte_decoder()
     out: list[bytes | None] = [None] * (max(vocab.values(), default=-1) + 1)
+    fallbacks: set[int] = set()
     for piece, i in vocab.items():
+        m = _BYTE_FALLBACK.match(piece) if fallback else None
+        if m:
+            fallbacks.add(i)
         if i in special:
             continue
         if byte_level:
             if all(c in table for c in piece):
                 out[i] = bytes(table[c] for c in piece)
             continue
-        m = _BYTE_FALLBACK.match(piece) if fallback else None
         if m:
             out[i] = bytes([int(m.group(1), 16)])
             continue
         out[i] = (piece.replace("▁", " ") if metaspace else piece).encode("utf-8")
-    return out
+    return out, fallbacks
 
 
 @dataclass(frozen=True)
@@ -89,9 +101,8 @@ class VocabMap:
 
 def vocab_map(draft_tokenizer, target_tokenizer, target_width: int) -> VocabMap:
     """Match the two vocabularies by bytes; target_width = the target's logits width."""
-    target = token_bytes(target_tokenizer)
+    target, fallbacks = _read_vocab(target_tokenizer)
     by_bytes: dict[bytes, int] = {}
-    fallbacks = _fallback_ids(target_tokenizer)
     order = sorted(range(len(target)), key=lambda i: (i in fallbacks, i))
     for i in order:
         b = target[i]
@@ -101,14 +112,11 @@ def vocab_map(draft_tokenizer, target_tokenizer, target_width: int) -> VocabMap:
     pairs = [(d, by_bytes[b]) for d, b in enumerate(draft) if b is not None and b in by_bytes]
     d_ids = torch.tensor([d for d, _ in pairs], dtype=torch.long)
     t_ids = torch.tensor([t for _, t in pairs], dtype=torch.long)
+    lowest: dict[int, int] = {}
+    for d, t in pairs:  # the lowest draft id wins (pairs run in draft id order)
+        lowest.setdefault(t, d)
     back = torch.full((target_width,), -1, dtype=torch.long)
-    for d, t in reversed(pairs):  # the lowest draft id wins
-        back[t] = d
-    return VocabMap(d_ids, t_ids, back, len(set(t_ids.tolist())) < len(pairs),
+    back[torch.tensor(list(lowest), dtype=torch.long)] = torch.tensor(list(lowest.values()),
+                                                                       dtype=torch.long)
+    return VocabMap(d_ids, t_ids, back, len(lowest) < len(pairs),
                     sum(b is not None for b in draft), sum(b is not None for b in target))
-
-
-def _fallback_ids(tokenizer) -> set[int]:
-    if "ByteFallback" not in _decoder_kinds(tokenizer):
-        return set()
-    return {i for p, i in tokenizer.get_vocab().items() if _BYTE_FALLBACK.match(p)}
