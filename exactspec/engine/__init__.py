@@ -18,10 +18,18 @@ engine.py     `Engine`: a long-lived engine for RL loops and batch jobs (`update
 (docs/generate.md, docs/architecture.md)
 """
 
-from exactspec.engine.api import TextStream, generate, stream
-from exactspec.engine.decoder import DecodeConfig, Decoder
-from exactspec.engine.results import Generation, GenerationStats
-from exactspec.engine.rows import Row, RowOutput
+from exactspec.lazy import lazy_names
 
-__all__ = ["DecodeConfig", "Decoder", "Generation", "GenerationStats", "Row", "RowOutput",
-           "TextStream", "generate", "stream"]
+# public name -> module defining it, imported on first use (PEP 562): a light module of the
+# package (results.py for the bench's llama.cpp child) is imported without the decode loop
+# and, through it, torch's models and transformers
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(["TextStream", "generate", "stream"], "exactspec.engine.api"),
+    **dict.fromkeys(["DecodeConfig", "Decoder"], "exactspec.engine.decoder"),
+    **dict.fromkeys(["Generation", "GenerationStats"], "exactspec.engine.results"),
+    **dict.fromkeys(["Row", "RowOutput"], "exactspec.engine.rows"),
+}
+
+__all__ = sorted(_LAZY)
+
+__getattr__, __dir__ = lazy_names("exactspec.engine", _LAZY, globals())
