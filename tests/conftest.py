@@ -4,21 +4,24 @@
 order. The longest files sorted last alphabetically (tests/test_readme.py, 2-2.5 min) could
 start when the other worker had little left, which then idled: the suite's wall time grew by
 up to one long file. Started first, the long files run side by side and the short ones fill
-in behind them. The list is by measured duration (fresh-clone CI of 2026-12-02); a file not
-in it keeps its place after them.
+in behind them. The list is by measured duration (`--durations=0`, both workers' sum,
+2026-12-06, a suite of 8 min 17 s on a Zen 4); a file not in it keeps its place after them.
 """
 
 from __future__ import annotations
 
-LONGEST_FIRST = (  # seconds in the fresh-clone run of 2026-12-02 (both workers' sum, rough)
-    "tests/models/test_lean_architectures.py",  # 160 (gemma3 converted, its laws)
-    "tests/test_readme.py",  # 140 (every example, the README's server)
-    "tests/drafters/test_cross_vocab_real.py",  # 130 (first-token laws on gemma3)
-    "tests/serve/test_replicas.py",  # 35 (a local Ray cluster)
-    "tests/serve/test_process.py",  # 35 (servers in their own processes)
-    "tests/models/test_architecture_real.py",  # 25
-    "tests/models/test_embedded.py",  # 35
-    "tests/batch/test_ray.py",  # 20
+LONGEST_FIRST = (  # seconds of worker time, rough
+    "tests/test_readme.py",  # 73 (every example, the README's server)
+    "tests/drafters/test_cross_vocab_real.py",  # 68 (first-token laws on gemma3)
+    "tests/models/test_lean_architectures.py",  # 63 (gemma3 converted, its laws)
+    "tests/models/test_architecture_law.py",  # 52 (every architecture's law)
+    "tests/serve/test_replicas.py",  # 36 (a local Ray cluster)
+    "tests/audit/test_engine_lossless.py",  # 32
+    "tests/serve/test_exact.py",  # 30 (servers' laws)
+    "tests/models/test_embedded.py",  # 27
+    "tests/serve/test_process.py",  # 24 (servers in their own processes)
+    "tests/batch/test_ray.py",  # 21
+    "tests/models/test_architecture_real.py",  # 19
 )
 
 
