@@ -99,7 +99,10 @@ def format_report(result: dict, *, markdown: bool = False) -> str:
             + (f", GPU {m['cuda']}" if m.get("cuda") else ", no GPU")
             + f"; {result['config']['rounds']} round(s), duration {result['duration_seconds']:.0f} s"
             + (f"; {result['busy_cores']} core(s) kept busy by other processes (--busy)"
-               if result.get("busy_cores") else ""))
+               if result.get("busy_cores") else "")
+            + (f"; target {result['target_dtype']}" if result.get("target_dtype") else "")
+            + ("; exactspec's engines on a bf16 KV cache (--kv-cache; transformers' keep float32)"
+               if result.get("kv_cache") == "bfloat16" else ""))
     unit = m.get("kernel_unit")
     flags = " ".join(m.get("cpu_flags", [])) or "?"
     parts = [head, f"CPU: {m.get('cpu_model') or '?'}; torch capability "

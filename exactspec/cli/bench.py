@@ -72,6 +72,11 @@ def add(sub) -> None:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="the target's weights; transformers' engines decode the same model "
                    "object, so both sides run this dtype")
+    p.add_argument("--kv-cache", choices=("float32", "bfloat16"), default="float32",
+                   help="the target's KV cache in exactspec's engines; bfloat16 stores keys and "
+                   "values rounded to bf16 (half the bytes a step reads of a long context: "
+                   "the long_prompt workload), another target decoded exactly; transformers' "
+                   "engines keep their float32 cache (default float32)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if "
                    "available, else cpu)")
     p.add_argument("--busy", type=at_least(0), default=0, metavar="N",
@@ -155,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         import transformers
 
         transformers.logging.set_verbosity_error()
-    model = load_model(args.model, device=device, dtype=args.dtype)
+    model = load_model(args.model, device=device, dtype=args.dtype, kv_cache=args.kv_cache)
     layers = model.model.config.num_hidden_layers
     if not 1 <= cfg.draft_layers <= layers:
         raise UsageError(f"--draft-layers {cfg.draft_layers} must be in 1..{layers} "
@@ -185,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
         result = Bench(model, cfg, draft=draft, draft_note=note, eagle_factory=eagle,
                        progress=progress, sources=sources).run()
     result["busy_cores"] = args.busy
+    result["target_dtype"], result["kv_cache"] = args.dtype, args.kv_cache
     interrupted = bool(result.get("interrupted"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
