@@ -218,13 +218,8 @@ def _load(name_or_path: str | os.PathLike[str], *, dtype: str | torch.dtype,
                           f"{type(name_or_path).__name__}")
     raw = os.fspath(name_or_path)
     if isinstance(name_or_path, str) and raw in registry.EMBEDDED:
-        entry = registry.EMBEDDED[raw]
-        registry.locate_chunks(entry)  # a missing package fails now, before any cache lookup
-        source = {"embedded": entry.name, "sha256": entry.sha256, "packages": entry.version}
-        directory = registry.ensure_converted(entry.name, source, lambda tmp: _convert(
-            tmp, lambda out: registry.assemble(entry, out / entry.gguf_filename), entry.name))
-        return _load_directory(directory, name=entry.name, dtype=torch_dtype, device=device,
-                               attn=attn)
+        return _load_directory(convert_embedded(raw), name=raw, dtype=torch_dtype,
+                               device=device, attn=attn)
 
     path = Path(raw).expanduser()
     if not path.exists():
@@ -252,6 +247,17 @@ def _load(name_or_path: str | os.PathLike[str], *, dtype: str | torch.dtype,
     directory = registry.ensure_converted(key, source,
                                           lambda tmp: _convert(tmp, lambda _out: path, key))
     return _load_directory(directory, name=raw, dtype=torch_dtype, device=device, attn=attn)
+
+
+def convert_embedded(name: str) -> Path:
+    """The model cache's directory of embedded model `name`, converted from its packages' GGUF
+    first if it is not there (or unusable); InvalidValue naming the pip command when a package
+    is missing."""
+    entry = registry.get(name)
+    registry.locate_chunks(entry)  # a missing package fails now, before any cache lookup
+    source = {"embedded": entry.name, "sha256": entry.sha256, "packages": entry.version}
+    return registry.ensure_converted(entry.name, source, lambda tmp: _convert(
+        tmp, lambda out: registry.assemble(entry, out / entry.gguf_filename), entry.name))
 
 
 def _dtype(dtype: str | torch.dtype, device: str | torch.device | None) -> torch.dtype:
