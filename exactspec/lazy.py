@@ -1,6 +1,7 @@
-"""Package names imported on first use (PEP 562): `exactspec.drafters` and `exactspec.bench` map
-each public name to the module defining it, so the command line reads their light modules
-(the registry's table, the bench's words) without importing torch."""
+"""Package names imported on first use (PEP 562): `exactspec.drafters`, `exactspec.bench` and
+`exactspec.engine` map each public name to the module defining it, so the command line reads
+their light modules (the registry's table, the bench's words) without importing torch, and a
+light module of the engine (results.py) comes without the decode loop."""
 
 from __future__ import annotations
 
