@@ -30,6 +30,20 @@ def test_every_model_is_made_ready_or_skipped_naming_its_package(monkeypatch, ca
     assert "pip install x" in capsys.readouterr().err
 
 
+def test_the_survey_runs_for_the_models_named(monkeypatch, capsys, tmp_path):
+    from exactspec.models import prepare
+
+    surveyed = []
+    monkeypatch.setattr(loading, "convert_embedded", lambda name: tmp_path / name)
+    monkeypatch.setattr(prepare, "survey", surveyed.append)
+    assert main(["smollm2-135m", "--frequent-tokens", "smollm2-135m"]) == 0
+    assert surveyed == ["smollm2-135m"]
+    assert "smollm2-135m: its frequent tokens ready in " in capsys.readouterr().out
+    assert main(["smollm2-135m", "--frequent-tokens", "gemma3-270m"]) == 2  # not made ready
+    assert "--frequent-tokens gemma3-270m: not among" in capsys.readouterr().err
+    assert surveyed == ["smollm2-135m"]
+
+
 def test_an_unknown_name_is_refused(capsys):
     assert main(["nope"]) == 2
     assert "unknown model 'nope'" in capsys.readouterr().err
