@@ -8,6 +8,7 @@ optional llama-cpp-python package). It runs the targets the GGUF export covers
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import time
@@ -110,8 +111,11 @@ def gguf_path(model, qtype: str) -> Path:
 
 
 def fingerprint(model) -> str:
-    """A digest of the model's weights (every 997th value of every tensor, shapes, config)."""
-    h = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
+    """A digest of the model's weights (every 997th value of every tensor, shapes, config; not
+    the directory it was loaded from, so a copy elsewhere keys the same cache files)."""
+    config = json.loads(model.config.to_json_string(use_diff=False))
+    config.pop("_name_or_path", None)
+    h = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
     with torch.no_grad():
         for name, p in model.named_parameters():
             h.update(name.encode())

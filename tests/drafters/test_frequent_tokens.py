@@ -109,3 +109,18 @@ def test_the_text_does_not_depend_on_how_rows_are_batched():
     six, n6 = ft._survey(target, prompts, ft.Survey(**{**SURVEY.__dict__, "rows": 6}), False)
     assert n1 == n6
     assert float((one - six).abs().max()) <= n1 * 2.0**-52
+
+
+def test_the_cache_key_is_the_weights_not_the_directory(tmp_path):
+    """fingerprint (the GGUF drafts' and this survey's cache key): the same weights loaded from
+    two directories give one key; a changed weight another."""
+    from exactspec.drafters.quantized_llama_cpp import fingerprint
+    from exactspec.models import load
+    from tests.batch.tiny_dir import save_tiny
+
+    a, b = load(str(save_tiny(tmp_path / "a"))), load(str(save_tiny(tmp_path / "b")))
+    assert a.model.config._name_or_path != b.model.config._name_or_path
+    assert fingerprint(a.model) == fingerprint(b.model)
+    with torch.no_grad():
+        next(b.model.parameters()).view(-1)[0] += 1.0
+    assert fingerprint(a.model) != fingerprint(b.model)
