@@ -66,7 +66,7 @@ run: $(STAMP) $(KERNELS_STAMP)
 # otherwise), not inside the first tests that need them.
 test: $(DEV_STAMP) $(LLAMA_STAMP) $(KERNELS_STAMP)
 	$(VENV)/bin/ruff check exactspec tests
-	$(PY) -m exactspec.models.prepare --frequent-tokens smollm2-135m
+	$(VENV)/bin/exactspec prepare --frequent-tokens smollm2-135m
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 audit: $(STAMP)

@@ -33,7 +33,7 @@ from exactspec.errors import UserError
 
 # subcommand modules of exactspec.cli, in --help order; each has add(sub) and run(args)
 SUBCOMMANDS = ("explain", "audit", "generate", "train_draft", "bench", "batch", "serve",
-               "bench_serve")
+               "bench_serve", "prepare")
 
 __all__ = ["SUBCOMMANDS", "UsageError", "build_parser", "main", "run_audit"]
 

