@@ -3,9 +3,7 @@ are installed converted into the model cache now, so that no later command or te
 with --frequent-tokens also the survey a reduced draft head reads (`--draft-vocab N`,
 drafters/frequent_tokens.py: the target generates ~7k tokens once, cached).
 
-`make test` runs it before the suite (on the Zen 4 of docs/performance.md with an empty cache:
-smollm2-135m ~13 s, gemma3-270m ~35 s, smollm2's survey ~40 s; ~8 s to find them all there);
-`make run` does not need it (its first `generate` converts smollm2-135m with a progress bar).
+`make test` runs it before the suite (its times: docs/models.md); `make run` does not need it (its first `generate` converts smollm2-135m with a progress bar).
 A model whose package is not installed is named with its pip command and skipped; naming it
 makes that an error (exit 2).
 """
@@ -27,7 +25,7 @@ def add(sub) -> None:
                    help="embedded models, e.g. smollm2-135m gemma3-270m (default: every one)")
     p.add_argument("--frequent-tokens", nargs="+", default=[], metavar="NAME",
                    help="also survey these models' own text for the tokens a reduced draft head "
-                   "keeps (--draft-vocab N; ~40 s once for smollm2-135m, then cached)")
+                   "keeps (--draft-vocab N; the model generates ~7k tokens once, then cached)")
     p.set_defaults(run=run)
 
 

@@ -40,8 +40,8 @@ def _decoder_kinds(tokenizer) -> set[str]:
     decoder = getattr(backend, "decoder", None)
     if decoder is None:
         return set()
-    # the decoder's own JSON (its pickled state), not the whole tokenizer's: gemma3's to_str()
-    # and its parse took ~1.4 s for a few hundred bytes
+    # the decoder's own JSON (its pickled state), not the whole tokenizer's (to_str() writes
+    # and json parses every token and merge, for a few hundred bytes)
     spec = json.loads(decoder.__getstate__())
     steps = spec.get("decoders", [spec]) if spec.get("type") == "Sequence" else [spec]
     return {s.get("type", "") for s in steps}

@@ -38,3 +38,6 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
     bad.write_bytes(b"PK\x03\x04" + bytes(60))
     with pytest.raises(InvalidValue, match="not a GGUF file"):
         gguf_tensor_bytes(bad)
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    with pytest.raises(InvalidValue, match="shorter than a GGUF header"):
+        gguf_tensor_bytes(tmp_path / "empty.gguf")
