@@ -8,7 +8,7 @@ import re
 import sys
 
 from exactspec.bench.engine_names import BENCH_USES, BenchUse
-from exactspec.cli.common import at_least, load_model
+from exactspec.cli.common import add_kv_cache_flag, at_least, load_model
 from exactspec.cli.drafter_flags import FLAGS
 from exactspec.drafters.registry import DRAFTERS
 
@@ -72,11 +72,7 @@ def add(sub) -> None:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="the target's weights; transformers' engines decode the same model "
                    "object, so both sides run this dtype")
-    p.add_argument("--kv-cache", choices=("float32", "bfloat16"), default="float32",
-                   help="the target's KV cache in exactspec's engines; bfloat16 stores keys and "
-                   "values rounded to bf16 (half the bytes a step reads of a long context: "
-                   "the long_prompt workload), another target decoded exactly; transformers' "
-                   "engines keep their float32 cache (default float32)")
+    add_kv_cache_flag(p, "; exactspec's engines, transformers' keep float32")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if "
                    "available, else cpu)")
     p.add_argument("--busy", type=at_least(0), default=0, metavar="N",

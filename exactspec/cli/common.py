@@ -28,6 +28,17 @@ class ArgumentError(Exception):
     """A parse error, already formatted as the one line `main` prints (exit code 2)."""
 
 
+KV_CACHES = ("float32", "bfloat16")  # es.load's kv_cache= names (models/cache.py's KV_CACHES)
+
+
+def add_kv_cache_flag(p: argparse.ArgumentParser, note: str = "") -> None:
+    """--kv-cache, es.load's kv_cache= (generate, serve, bench); `note` ends its help."""
+    p.add_argument("--kv-cache", choices=KV_CACHES, default="float32",
+                   help="the target's KV cache; bfloat16 stores keys and values rounded to bf16 "
+                   "(half the bytes a step reads of a long context; another target, decoded "
+                   f"exactly; our kernels only{note})")
+
+
 def floats(text: str) -> list[float]:
     """argparse type: comma-separated numbers."""
     try:

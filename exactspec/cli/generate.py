@@ -12,6 +12,7 @@ import sys
 
 from exactspec.cli.common import (
     UsageError,
+    add_kv_cache_flag,
     at_least,
     draft_tokens,
     load_model,
@@ -41,10 +42,7 @@ def add(sub) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="weights of the target (and --draft model); bfloat16 is fast only on "
                    "CPUs with native bf16 (avx512_bf16 / AMX)")
-    p.add_argument("--kv-cache", choices=DTYPES, default="float32",
-                   help="the target's KV cache; bfloat16 stores keys and values rounded to bf16 "
-                   "(half the bytes a step reads of a long context; another target, decoded "
-                   "exactly; our kernels only)")
+    add_kv_cache_flag(p)
     add_drafter_flags(p)  # --draft MODEL | --prompt-lookup | ..., --tree, --siblings, ...
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from exactspec.cli.common import (
     UsageError,
+    add_kv_cache_flag,
     at_least,
     draft_tokens,
     refuse_without,
@@ -103,10 +104,7 @@ def add(sub) -> None:
         "exactspec serve --prompt-lookup --port 8000 --api-key secret")
     p.add_argument("--model", default="smollm2-135m",
                    help="target: embedded name, transformers directory or .gguf file")
-    p.add_argument("--kv-cache", choices=("float32", "bfloat16"), default="float32",
-                   help="the target's KV cache; bfloat16 stores keys and values rounded to bf16 "
-                   "(half the bytes a step reads of a long context; another target, served "
-                   "exactly; our kernels only)")
+    add_kv_cache_flag(p, "; every engine process and replica")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
                    "%(default)s; 0.0.0.0 exposes it to the network)")
     p.add_argument("--port", type=port, default=8000,

@@ -16,6 +16,13 @@ from exactspec.models.cache import kv_cache_dtype
 from tests.batch.tiny_dir import save_tiny
 
 
+def test_the_flags_names_are_es_loads():
+    from exactspec.cli.common import KV_CACHES as FLAG
+    from exactspec.models.cache import KV_CACHES
+
+    assert set(FLAG) == set(KV_CACHES)
+
+
 def test_a_misspelled_kv_cache_is_refused(capsys):
     assert main(["bench", "--kv-cache", "fp8"]) == 2
     assert "--kv-cache" in capsys.readouterr().err
