@@ -126,11 +126,16 @@ def gguf_tensor_bytes(path: str | os.PathLike[str]) -> dict[str, tuple[int, int]
         pos += 8
         return struct.unpack_from("<Q", buf, pos - 8)[0]
 
+    def string() -> bytes:  # its length, then its bytes
+        nonlocal pos
+        length = u64()
+        pos += length
+        return buf[pos - length:pos]
+
     def skip(kind: int) -> None:
         nonlocal pos
-        if kind == 8:  # a string: its length, then its bytes
-            length = u64()
-            pos += length
+        if kind == 8:
+            string()
         elif kind == 9:  # an array: its element type, its length, its elements
             elem, count = u32(), u64()
             if elem in _VALUE_BYTES:
@@ -146,9 +151,7 @@ def gguf_tensor_bytes(path: str | os.PathLike[str]) -> dict[str, tuple[int, int]
         skip(u32())  # the value
     out = {}
     for _ in range(n_tensors):
-        length = u64()
-        name = buf[pos:pos + length].decode()
-        pos += length
+        name = string().decode()
         dims = u32()
         numel = 1
         for _ in range(dims):

@@ -3,8 +3,8 @@ are installed converted into the model cache now, so that no later command or te
 with --frequent-tokens also the survey a reduced draft head reads (`--draft-vocab N`,
 drafters/frequent_tokens.py: the target generates ~7k tokens once, cached).
 
-`make test` runs it before the suite (its times: docs/models.md); `make run` does not need it (its first `generate` converts smollm2-135m with a progress bar).
-A model whose package is not installed is named with its pip command and skipped; naming it
+`make test` runs it before the suite (its times: docs/models.md); `make run` does not need it
+(its first `generate` converts smollm2-135m with a progress bar). A model whose package is not installed is named with its pip command and skipped; naming it
 makes that an error (exit 2).
 """
 
