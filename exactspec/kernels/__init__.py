@@ -16,9 +16,9 @@ ops.py      the Python side: the operators (linear, attention, ...) and the ISA 
 draft_step.py  a draft step's tail in one call: final norm, head, q, the draw (ops_draft.cpp)
 build.py    compiling `csrc/` for this CPU (`__main__.py`: `python -m exactspec.kernels`)
 csrc/       the C++: ops.cpp (registration, the threads' tasks), ops_layer.cpp (the decoder
-            layers in one call; up to 64 rows in one parallel region), isa.h / impl.h (the
-            fixed reduction order; the products), impl_attn.h (attention in query groups and
-            runs of keys), impl_w8a16.h (int8),
+            layers in one call; up to 64 rows in one parallel region), ops_quant.cpp (the int4
+            draft's quantization), isa.h / impl.h (the fixed reduction order; the products),
+            impl_attn.h (attention in query groups and runs of keys), impl_w8a16.h (int8),
             impl_w4.h (int4), impl_amx.h (bf16 weights on AMX tiles, the amx unit),
             impl_bf16dot.h (bf16 weights on VDPBF16PS, the avx512bf16 unit), impl_act.h,
             isa_*.cpp and vec_*.h per instruction set (amx, avx512bf16, avx512vnni, avx512,
@@ -35,6 +35,7 @@ from exactspec.kernels.ops import (
     enabled,
     forced_isa_note,
     gelu_tanh_mul,
+    int4_quantize,
     layer_stack,
     linear,
     linear_w4a8,
@@ -50,6 +51,6 @@ from exactspec.kernels.ops import (
 )
 
 __all__ = ["BF16_INPUT_UNITS", "UNITS", "attention", "available_isas", "current_isa",
-           "decoder_stack", "enabled", "forced_isa_note", "gelu_tanh_mul", "layer_stack", "linear",
-           "linear_w4a8", "linear_w8a16", "pack_int4", "pack_int8", "rms_norm", "rope_",
-           "rounds_bf16_inputs", "set_isa", "silu_mul", "unpack_int4"]
+           "decoder_stack", "enabled", "forced_isa_note", "gelu_tanh_mul", "int4_quantize",
+           "layer_stack", "linear", "linear_w4a8", "linear_w8a16", "pack_int4", "pack_int8",
+           "rms_norm", "rope_", "rounds_bf16_inputs", "set_isa", "silu_mul", "unpack_int4"]

@@ -40,9 +40,11 @@ ISA_FLAGS = {  # unit -> its instruction-set flags, the first choice first (csrc
 }
 # the operators' unit: OpenMP on, or at::parallel_for (inline, `#pragma omp`) runs serially;
 # linked against the libgomp torch already loaded (same soname), so torch.set_num_threads
-# governs our threads as well
-OPS_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
-OPS_SOURCES = ("ops.cpp", "ops_act.cpp", "ops_layer.cpp", "ops_draft.cpp")  # the operators' units
+# governs our threads as well; -fno-trapping-math (as COMMON) lets loops with comparisons be
+# vectorized (ops_quant.cpp), no value changes
+OPS_FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fopenmp"]
+# the operators' units
+OPS_SOURCES = ("ops.cpp", "ops_act.cpp", "ops_layer.cpp", "ops_draft.cpp", "ops_quant.cpp")
 
 
 def build_dir() -> Path:

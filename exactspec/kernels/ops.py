@@ -171,6 +171,13 @@ def unpack_int4(w: torch.Tensor, n: int, k: int,  # -> q [n, k] uint8, d, m [n, 
     return q.contiguous(), sb[0].contiguous(), sb[1].contiguous()
 
 
+def int4_quantize(groups: torch.Tensor,  # [R, n] float32
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # q [R, n] uint8, d, m [R] bf16
+    """Each group's int4 q, d and m by models/quantize.py's search (`quantize_int4_kernel`'s
+    torch path states it: the same bits; csrc/ops_quant.cpp)."""
+    return torch.ops.exactspec.int4_quantize(groups)
+
+
 def linear_w4a8(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,  # -> [M, N] float32
                 residual: torch.Tensor | None = None) -> torch.Tensor:
     """x @ W^T for int4 W = scales[n] * (d q + m) in groups of 32 inputs, packed by `pack_int4`

@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from exactspec import kernels
 from exactspec.errors import InvalidValue
 
 
@@ -53,7 +54,9 @@ def quantize_int4_kernel(w: torch.Tensor, group_size: int = 32, scales: str | No
     squared error (each candidate's d, m fitted by least squares to its q, as llama.cpp's
     k-quants do); "minmax" takes d = (max - min) / 15, m = min. Either way q is then rounded
     against the stored bf16 d and m, and the draft's q stays exactly what it computes: the
-    choice moves acceptance only (docs/performance.md, "The int4 kernel")."""
+    choice moves acceptance only (docs/performance.md, "The int4 kernel"). Where the kernels
+    run, the search and the rounding are one native call (`kernels.int4_quantize`) that gives
+    the torch path's bits below."""
     scales = scales or os.environ.get("EXACTSPEC_INT4_SCALES") or "search"
     if scales not in INT4_SCALES:
         raise InvalidValue(f"int4 scales {scales!r} must be one of {list(INT4_SCALES)} "
@@ -62,21 +65,31 @@ def quantize_int4_kernel(w: torch.Tensor, group_size: int = 32, scales: str | No
     if in_f % group_size or group_size % 32:
         raise InvalidValue(f"int4 groups of {group_size} need `in` ({in_f}) divisible by it and "
                            "a multiple of 32")
-    ds, ms = [], []
-    for r0 in range(0, out_f, 4096):  # rows in chunks: the search holds a few copies
-        g = w[r0:r0 + 4096].reshape(-1, in_f // group_size, group_size)  # [R, G, gs]
-        d, m = _int4_search(g) if scales == "search" else _int4_minmax(g)
-        ds.append(d)
-        ms.append(m)
+    groups = w.float().reshape(-1, group_size).contiguous()  # [out * G, gs]
+    shape = (out_f, in_f // group_size)
+    if scales == "search" and kernels.enabled():  # the torch path's bits, ~10x faster
+        q, d, m = kernels.int4_quantize(groups)
+        return _per_32(q.reshape(out_f, in_f), d.reshape(shape), m.reshape(shape), group_size)
+    if scales == "minmax":
+        d, m = _int4_minmax(groups)
+    else:  # in chunks: the search holds a few copies of its groups
+        parts = [int4_search_reference(groups[r0:r0 + 65536])
+                 for r0 in range(0, groups.shape[0], 65536)]
+        d, m = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    d, m = d.to(torch.bfloat16).reshape(shape), m.to(torch.bfloat16).reshape(shape)
+    df, mf = d.float().repeat_interleave(group_size, 1), m.float().repeat_interleave(group_size, 1)
+    q = torch.where(df > 0, torch.round((w.float() - mf) / torch.where(df > 0, df, 1.0)), 0.0)
+    return _per_32(q.clamp(0, 15).to(torch.uint8), d, m, group_size)
+
+
+def _per_32(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, group_size: int,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """d and m [out, in / group_size] repeated over each group's blocks of 32."""
     rep = group_size // 32
-    d = torch.cat(ds).to(torch.bfloat16).repeat_interleave(rep, 1)  # [out, in / 32]
-    m = torch.cat(ms).to(torch.bfloat16).repeat_interleave(rep, 1)
-    df, mf = d.float().repeat_interleave(32, 1), m.float().repeat_interleave(32, 1)
-    q = torch.where(df > 0, torch.round((w - mf) / torch.where(df > 0, df, 1.0)), 0.0)
-    return q.clamp(0, 15).to(torch.uint8), d, m
+    return q, d.repeat_interleave(rep, 1), m.repeat_interleave(rep, 1)
 
 
-def _int4_minmax(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [R, G, gs] -> [R, G]
+def _int4_minmax(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [R, n] -> [R]
     lo, hi = g.amin(-1), g.amax(-1)
     return (hi - lo) / 15.0, lo
 
@@ -86,25 +99,29 @@ INT4_CANDIDATES = ((1.0, 0.0), (0.95, 0.5), (0.9, 0.5), (0.85, 0.5), (0.8, 0.5),
                    (0.95, 0.0), (0.95, 1.0), (0.9, 0.0), (0.9, 1.0), (0.85, 0.0), (0.85, 1.0))
 
 
-def _int4_search(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per group, the (d, m) of least squared error among candidate ranges (INT4_CANDIDATES:
-    the min-max range and narrower ones), each candidate's q refitted by least squares."""
-    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)  # [R, G, 1]
+def int4_search_reference(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per group (a row of g, [R, n] float32), the (d, m) of least squared error among candidate
+    ranges (INT4_CANDIDATES: the min-max range and narrower ones), each candidate's q refitted
+    by least squares. Every sum runs over a group's weights in index order and no operation is
+    fused, so `kernels.int4_search` (csrc/ops_quant.cpp, what quantize_int4_kernel runs) gives
+    these bits; this form states the arithmetic and checks it."""
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)  # [R, 1]
     best_d, best_m = ((hi - lo) / 15.0).squeeze(-1), lo.squeeze(-1)
     best_err = _int4_error(g, best_d, best_m)
     n = g.shape[-1]
+    sw = _ordered_sum(g)
     for shrink, a in INT4_CANDIDATES:
         span = (hi - lo) * shrink
         base = lo + (hi - lo - span) * a
         scale = torch.where(span > 0, span / 15.0, 1.0)
         q = torch.round((g - base) / scale).clamp(0, 15)
-        sq, sw = q.sum(-1), g.sum(-1)
-        sqq, sqw = (q * q).sum(-1), (q * g).sum(-1)
+        sq, sqq, sqw = _ordered_sum(q), _ordered_sum(q * q), _ordered_sum(q * g)
         det = n * sqq - sq * sq
-        d = torch.where(det > 0, (n * sqw - sq * sw) / torch.where(det > 0, det, 1.0),
-                        0.0).clamp(min=0)
+        d = torch.where(det > 0, (n * sqw - sq * sw) / torch.where(det > 0, det, 1.0), 0.0)
+        d = torch.where(d > 0, d, 0.0)
         m = (sw - d * sq) / n
-        err = ((g - (d[..., None] * q + m[..., None])) ** 2).sum(-1)
+        r = g - (d[:, None] * q + m[:, None])
+        err = _ordered_sum(r * r)
         better = err < best_err
         best_d = torch.where(better, d, best_d)
         best_m = torch.where(better, m, best_m)
@@ -112,10 +129,18 @@ def _int4_search(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return best_d, best_m
 
 
-def _int4_error(g: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:  # [R, G]
-    dd, mm = d[..., None], m[..., None]
+def _ordered_sum(x: torch.Tensor) -> torch.Tensor:  # [R, n] -> [R]: x[:, 0] + x[:, 1] + ...
+    s = x[:, 0].clone()
+    for e in range(1, x.shape[1]):
+        s = s + x[:, e]
+    return s
+
+
+def _int4_error(g: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:  # [R]
+    dd, mm = d[:, None], m[:, None]
     q = torch.where(dd > 0, torch.round((g - mm) / torch.where(dd > 0, dd, 1.0)), 0.0)
-    return ((g - (dd * q.clamp(0, 15) + mm)) ** 2).sum(-1)
+    r = g - (dd * q.clamp(0, 15) + mm)
+    return _ordered_sum(r * r)
 
 
 def int4_unpack(packed: torch.Tensor, in_f: int) -> torch.Tensor:  # -> [out, in] int32 0..15
