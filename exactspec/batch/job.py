@@ -26,7 +26,8 @@ from exactspec.batch.rows import BadRow, InputRow, read_rows, row_params, row_se
 from exactspec.batch.work import EngineSpec, Task, Worker
 from exactspec.engine.engine import Engine
 from exactspec.errors import InvalidType, InvalidValue
-from exactspec.models.loading import progress_off
+from exactspec.models.cache import kv_dtype_named
+from exactspec.models.loading import DTYPES, progress_off
 from exactspec.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,9 @@ def _check(cfg: BatchConfig, engine: Engine | None) -> None:
     if engine is not None and cfg.ray:
         raise InvalidValue("an already built engine runs in this process; drop engine= to "
                            "run on Ray (each actor builds its own from cfg.engine)")
+    if cfg.engine.dtype not in DTYPES:
+        raise InvalidValue(f"engine.dtype={cfg.engine.dtype!r} must be one of {list(DTYPES)}")
+    kv_dtype_named(cfg.engine.kv_cache)  # names the choices when wrong
     check_job_paths(cfg.input, cfg.output, cfg.errors, cfg.engine.model)
 
 
@@ -179,6 +183,9 @@ def _settings(cfg: BatchConfig, seed: int, model: str) -> dict:
         "chat": spec.chat, "n": cfg.n, "max_new_tokens": cfg.max_new_tokens,
         "sampling": sampling, "seed": seed, "logprobs": cfg.logprobs,
     }
+    for name in ("dtype", "kv_cache"):  # recorded where not the default (older jobs resume)
+        if getattr(spec, name) != "float32":
+            settings[name] = getattr(spec, name)
     return json.loads(json.dumps(settings))  # tuples as lists, int keys as strings
 
 

@@ -27,7 +27,9 @@ STATS_KEYS = ("steps", "drafted", "accepted", "emitted", "acceptance_rate",
 # Ray workers as (kind, argument[, options]) and are built there, through the one table.
 KINDS = {"quantized": "quantized-draft", "prompt-lookup": "prompt-lookup", "draft": "draft",
          "cross-vocab": "cross-vocab-draft", "eagle": "eagle", "gguf": "gguf-draft"}
-OPTIONS = ("tree", "siblings", "backend", "layers", "vocab")  # DrafterSpec fields a job may carry
+# DrafterSpec fields a job may carry, recorded where they differ from their default
+OPTIONS = {"tree": None, "siblings": None, "backend": None, "layers": None, "vocab": None,
+           "dtype": "float32"}
 
 
 def drafter_spec(kind: str, arg: str, options: tuple = ()) -> DrafterSpec:
@@ -49,7 +51,8 @@ def job_drafter(spec: DrafterSpec | None) -> tuple | None:
     if spec is None:
         return None
     kind = next(k for k, name in KINDS.items() if name == spec.name)
-    opts = tuple((n, _json(n, getattr(spec, n))) for n in OPTIONS if getattr(spec, n) is not None)
+    opts = tuple((n, _json(n, getattr(spec, n))) for n, default in OPTIONS.items()
+                 if getattr(spec, n) != default)
     arg = "" if spec.source is None else str(spec.source)
     return (kind, arg, opts) if opts else (kind, arg)
 
@@ -70,6 +73,8 @@ class EngineSpec:
     """How a worker builds its engine: plain data, so it can be sent to a Ray actor."""
 
     model: str  # embedded name, transformers directory or .gguf file (es.load)
+    dtype: str = "float32"  # es.load's dtype: the target's weights
+    kv_cache: str = "float32"  # es.load's kv_cache: the target's KV cache
     # (kind in DRAFTERS, argument) or (kind, argument, options: job_drafter); None = plain
     drafter: tuple | None = None
     num_draft_tokens: int | str = 4  # K, or "auto" (then a seed's text depends on timings)
@@ -89,7 +94,7 @@ class EngineSpec:
         if model is None:
             from exactspec.models import load
 
-            model = load(self.model)
+            model = load(self.model, dtype=self.dtype, kv_cache=self.kv_cache)
         drafter = None if self.drafter is None else build(drafter_spec(*self.drafter), model)
         return Engine(model, drafter, num_draft_tokens=self.num_draft_tokens,
                       verify=self.verify, stop=list(self.stop) or None,

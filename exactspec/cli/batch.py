@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import argparse
 
-from exactspec.cli.common import at_least, draft_tokens, refuse_without, value_or
+from exactspec.cli.common import (
+    add_dtype_flag,
+    add_kv_cache_flag,
+    at_least,
+    draft_tokens,
+    refuse_without,
+    value_or,
+)
 from exactspec.cli.drafter_flags import add_drafter_flags, drafter_spec
 from exactspec.drafters.registry import drafter_flags
 
@@ -28,6 +35,8 @@ def add(sub) -> None:
     p.add_argument("output", metavar="OUT.jsonl", help="output rows (appended; resumed)")
     p.add_argument("--model", default="smollm2-135m",
                    help="target: embedded name, transformers directory or .gguf file")
+    add_dtype_flag(p, "; each Ray actor too")
+    add_kv_cache_flag(p, "; each Ray actor too")
     add_drafter_flags(p)  # the same drafter flags as generate and serve
     p.add_argument("--n", type=at_least(1), default=1, help="samples per row (default 1)")
     p.add_argument("--max-new-tokens", type=at_least(1), default=128)
@@ -87,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    engine = EngineSpec(model=args.model, drafter=job_drafter(spec),
+    engine = EngineSpec(model=args.model, dtype=args.dtype, kv_cache=args.kv_cache,
+                      drafter=job_drafter(spec),
                       num_draft_tokens=value_or(args, "num_draft_tokens", 4),
                       verify=value_or(args, "verify", "token"), stop=tuple(args.stop or ()),
                       batch_size=args.batch_size,

@@ -8,7 +8,7 @@ import re
 import sys
 
 from exactspec.bench.engine_names import BENCH_USES, BenchUse
-from exactspec.cli.common import add_kv_cache_flag, at_least, load_model
+from exactspec.cli.common import add_dtype_flag, add_kv_cache_flag, at_least, load_model
 from exactspec.cli.drafter_flags import FLAGS
 from exactspec.drafters.registry import DRAFTERS
 
@@ -69,9 +69,8 @@ def add(sub) -> None:
                    "whose 1k / 2k / 4k-token prompts run when named)")
     p.add_argument("--max-new-tokens", type=at_least(1), default=None,
                    help="token budget of every workload (default: each workload's, capped)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="the target's weights; transformers' engines decode the same model "
-                   "object, so both sides run this dtype")
+    add_dtype_flag(p, "; transformers' engines decode the same model object, so both sides "
+                   "run this dtype")
     add_kv_cache_flag(p, "; exactspec's engines, transformers' keep float32")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if "
                    "available, else cpu)")

@@ -29,10 +29,19 @@ class ArgumentError(Exception):
 
 
 KV_CACHES = ("float32", "bfloat16")  # es.load's kv_cache= names (models/cache.py's KV_CACHES)
+DTYPES = ("float32", "bfloat16")  # es.load's dtype= names (models/loading.py's DTYPES)
+
+
+def add_dtype_flag(p: argparse.ArgumentParser, note: str = "") -> None:
+    """--dtype, es.load's dtype= (generate, serve, batch, bench); `note` ends its help."""
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="weights of the target (and of a --draft model loaded by name); "
+                   "bfloat16 halves a step's bytes and is fast on CPUs with native bf16 "
+                   f"(avx512_bf16 / AMX){note}")
 
 
 def add_kv_cache_flag(p: argparse.ArgumentParser, note: str = "") -> None:
-    """--kv-cache, es.load's kv_cache= (generate, serve, bench); `note` ends its help."""
+    """--kv-cache, es.load's kv_cache= (generate, serve, batch, bench); `note` ends its help."""
     p.add_argument("--kv-cache", choices=KV_CACHES, default="float32",
                    help="the target's KV cache; bfloat16 stores keys and values rounded to bf16 "
                    "(half the bytes a step reads of a long context; another target, decoded "

@@ -12,6 +12,7 @@ import sys
 
 from exactspec.cli.common import (
     UsageError,
+    add_dtype_flag,
     add_kv_cache_flag,
     at_least,
     draft_tokens,
@@ -23,7 +24,6 @@ from exactspec.cli.common import (
 from exactspec.cli.drafter_flags import add_drafter_flags, drafter_from_args, drafter_spec
 from exactspec.drafters.registry import drafter_flags
 
-DTYPES = ("float32", "bfloat16")  # what exactspec.load accepts as dtype
 DRAFTER_FLAGS = f"a drafter ({drafter_flags()})"
 K_DEFAULT = 4  # draft tokens per step when --num-draft-tokens is not given
 VERIFY_DEFAULT = "token"  # verification method when --verify is not given
@@ -39,9 +39,7 @@ def add(sub) -> None:
     p.add_argument("prompt", help="the prompt text (chat-templated unless --no-chat)")
     p.add_argument("--model", default="smollm2-135m",
                    help="target: embedded name, transformers directory or .gguf file")
-    p.add_argument("--dtype", choices=DTYPES, default="float32",
-                   help="weights of the target (and --draft model); bfloat16 is fast only on "
-                   "CPUs with native bf16 (avx512_bf16 / AMX)")
+    add_dtype_flag(p)
     add_kv_cache_flag(p)
     add_drafter_flags(p)  # --draft MODEL | --prompt-lookup | ..., --tree, --siblings, ...
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from exactspec.cli.common import (
     UsageError,
+    add_dtype_flag,
     add_kv_cache_flag,
     at_least,
     draft_tokens,
@@ -104,6 +105,7 @@ def add(sub) -> None:
         "exactspec serve --prompt-lookup --port 8000 --api-key secret")
     p.add_argument("--model", default="smollm2-135m",
                    help="target: embedded name, transformers directory or .gguf file")
+    add_dtype_flag(p, "; every engine process and replica")
     add_kv_cache_flag(p, "; every engine process and replica")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
                    "%(default)s; 0.0.0.0 exposes it to the network)")
@@ -200,7 +202,7 @@ def run(args) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.engine_in_process or (has_drafter and args.verify is not None):
-        model = load(args.model, kv_cache=args.kv_cache)  # the engine here; or to refuse now
+        model = load(args.model, dtype=args.dtype, kv_cache=args.kv_cache)  # here; or to refuse now
         drafter, name = build_drafter(drafter_choice(args), model)
         check_tree_method(drafter, verify)
         config = replace(config, drafter_name=name)
@@ -208,7 +210,7 @@ def run(args) -> int:
             del model, drafter  # the engine process loads its own
     spec = None if args.engine_in_process else EngineSpec(
         model=args.model, drafter=drafter_choice(args), config=config, threads=args.threads,
-        kv_cache=args.kv_cache)
+        dtype=args.dtype, kv_cache=args.kv_cache)
     try:  # with a spec, the model loads in the engine process, restarted if it dies
         serve(None if spec else model, None if spec else drafter, config, host=args.host,
               port=args.port, engine_process=spec, max_restarts=args.engine_restarts)

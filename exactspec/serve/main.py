@@ -90,6 +90,7 @@ class EngineSpec:
     threads: int | None = None  # torch CPU threads (None: torch's default)
     host: str | None = "127.0.0.1"  # where its server listens; None: its node's IP (Ray)
     kv_cache: str = "float32"  # es.load's kv_cache: the target's KV cache
+    dtype: str = "float32"  # es.load's dtype: the target's weights
 
 
 def build_server(spec: EngineSpec) -> tuple[Model, Drafter | None, ServerConfig]:
@@ -103,7 +104,7 @@ def build_server(spec: EngineSpec) -> tuple[Model, Drafter | None, ServerConfig]
     if spec.threads is not None:
         torch.set_num_threads(spec.threads)
     with collector_paused():  # this process serves this model to its end: see _collector.py
-        model = load(spec.model, kv_cache=spec.kv_cache)
+        model = load(spec.model, dtype=spec.dtype, kv_cache=spec.kv_cache)
         drafter, name = build_drafter(spec.drafter, model)
         settle()
     config = replace(spec.config or ServerConfig(served_name=spec.model), drafter_name=name)

@@ -174,3 +174,31 @@ def test_the_kv_cache_flag_reaches_the_engines_model(tiny_dir):
         assert kv_cache_dtype(plain.model) is None
     finally:
         gc.unfreeze()  # build_server settled this worker's objects
+
+
+def test_the_dtype_flag_reaches_the_engines_model(tiny_dir, monkeypatch):
+    """--dtype bfloat16 loads the target in bf16 in the engine process (and in this one when
+    the engine runs here); a name es.load does not take is refused by the flag."""
+    import gc
+
+    import torch
+
+    import exactspec.serve
+    from exactspec.serve.main import EngineSpec, build_server
+
+    assert main(["serve", "--model", str(tiny_dir), "--dtype", "float16"]) == 2
+    specs = []
+    monkeypatch.setattr(exactspec.serve, "serve", lambda model, drafter, config, **kw:
+                        specs.append(kw["engine_process"]))
+    assert main(["serve", "--model", str(tiny_dir), "--dtype", "bfloat16", "--port", "0"]) == 0
+    assert main(["serve", "--model", str(tiny_dir), "--port", "0"]) == 0
+    assert [s.dtype for s in specs] == ["bfloat16", "float32"]
+    try:
+        model, _, _ = build_server(specs[0])
+        assert next(model.model.parameters()).dtype == torch.bfloat16
+        greedy = es.SamplingParams(temperature=0)
+        assert es.generate(model, [[1, 2, 3]], params=greedy, max_new_tokens=3)[0].token_ids
+        plain, _, _ = build_server(EngineSpec(model=str(tiny_dir)))
+        assert next(plain.model.parameters()).dtype == torch.float32
+    finally:
+        gc.unfreeze()
