@@ -58,7 +58,8 @@ def main() -> None:
         del os.environ["EXACTSPEC_KERNELS"]
     same = all(torch.equal(x, y) for ra, rb in zip(a, b, strict=True)
                for x, y in zip(ra, rb, strict=True))
-    print(f"{args.model}: {n / 1e6:.1f}M layer weights, {args.threads} threads: native "
+    threads = f"{args.threads} thread" + ("s" if args.threads > 1 else "")
+    print(f"{args.model}: {n / 1e6:.1f}M layer weights, {threads}: native "
           f"{native:.2f} s, torch's operators {on_torch:.2f} s ({on_torch / native:.1f}x); "
           f"the same q, d and m: {same}")
 

@@ -2,7 +2,7 @@
 // weights, the (d, m) of least squared error among candidate ranges, each candidate's q
 // refitted by least squares, then q against d and m rounded to bf16 (models/quantize.py's
 // `quantize_int4_kernel` with `int4_search_reference` states the same arithmetic in torch
-// operators, which run where the kernels do not; tests/models/test_int4_search.py compares
+// operators, which run where the kernels are off; tests/kernels/test_int4_quantize.py compares
 // them bit for bit).
 //
 // Every value is float32 arithmetic in one defined order: sums run over a group's weights in
