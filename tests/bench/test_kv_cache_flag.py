@@ -17,10 +17,13 @@ from tests.batch.tiny_dir import save_tiny
 
 
 def test_the_flags_names_are_es_loads():
+    from exactspec.cli.common import DTYPES as DTYPE_FLAG
     from exactspec.cli.common import KV_CACHES as FLAG
     from exactspec.models.cache import KV_CACHES
+    from exactspec.models.loading import DTYPES
 
     assert set(FLAG) == set(KV_CACHES)
+    assert set(DTYPE_FLAG) == set(DTYPES)  # --dtype of generate, serve, batch and bench
 
 
 def test_a_misspelled_kv_cache_is_refused(capsys):
