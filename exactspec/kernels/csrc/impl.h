@@ -132,18 +132,18 @@ struct PfCursor {
   int period;       // k-steps (of 16 inputs, any tile, any half) per line
   int count;        // k-steps left before the next line
 };
+// the full k-steps [k0, k1) of both halves of an MR x NR tile at weight row n: each half's
+// accumulators keep[(h * MR + i) * NR + j] loaded, advanced in k order and stored back (exactly)
 template <int WT, int MR, int NR>
-static void tile_half(const float* x, int64_t K, const void* w, const float* scale, float* y,
-                      int64_t ldy, int64_t n, PfCursor* pf) {
-  V res[MR][NR];
+static void half_steps(const float* x, int64_t K, const void* w, int64_t n, int64_t k0,
+                       int64_t k1, __m256* keep, PfCursor* pf) {
   const char* pc = pf->cur;
   int count = pf->count;
   ES_UNROLL for (int h = 0; h < 2; ++h) {
     __m256 acc[MR][NR];
     ES_UNROLL for (int i = 0; i < MR; ++i)
-      ES_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
+      ES_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = keep[(h * MR + i) * NR + j];
+    for (int64_t k = k0; k < k1; k += 16) {
       if (--count == 0) {
         count = pf->period;
         if (pc < pf->end) {
@@ -159,36 +159,124 @@ static void tile_half(const float* x, int64_t K, const void* w, const float* sca
         ES_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
       }
     }
-    if (k < K) {
-      const int64_t r = K - k;
-      __m256 wv[NR];
-      ES_UNROLL for (int j = 0; j < NR; ++j) {
-        const V t = loadw_tail<WT>(w, (n + j) * K + k, r);
-        wv[j] = h ? t.b : t.a;
-      }
-      ES_UNROLL for (int i = 0; i < MR; ++i) {
-        const V t = loadx_tail(x + i * K + k, r);
-        const __m256 xv = h ? t.b : t.a;
-        ES_UNROLL for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
-      }
-    }
     ES_UNROLL for (int i = 0; i < MR; ++i)
-      ES_UNROLL for (int j = 0; j < NR; ++j) (h ? res[i][j].b : res[i][j].a) = acc[i][j];
+      ES_UNROLL for (int j = 0; j < NR; ++j) keep[(h * MR + i) * NR + j] = acc[i][j];
   }
   pf->cur = pc;
   pf->count = count;
+}
+
+// the tile's tail (inputs from KF = K - K % 16, zero-padded) on both halves, then its outputs:
+// y[i * ldy + n + j] = scale[n + j] * vhsum of (half 0, half 1)
+template <int WT, int MR, int NR>
+static void half_finish(const float* x, int64_t K, const void* w, const float* scale, float* y,
+                        int64_t ldy, int64_t n, __m256* keep) {
+  const int64_t KF = K - K % 16;
+  if (KF < K) {
+    const int64_t r = K - KF;
+    ES_UNROLL for (int h = 0; h < 2; ++h) {
+      __m256 wv[NR];
+      ES_UNROLL for (int j = 0; j < NR; ++j) {
+        const V t = loadw_tail<WT>(w, (n + j) * K + KF, r);
+        wv[j] = h ? t.b : t.a;
+      }
+      ES_UNROLL for (int i = 0; i < MR; ++i) {
+        const V t = loadx_tail(x + i * K + KF, r);
+        const __m256 xv = h ? t.b : t.a;
+        ES_UNROLL for (int j = 0; j < NR; ++j)
+          keep[(h * MR + i) * NR + j] = _mm256_fmadd_ps(xv, wv[j], keep[(h * MR + i) * NR + j]);
+      }
+    }
+  }
   // the horizontal sums 8 at a time (vhsum8v: vhsum's bits in a third of the instructions of
   // 8 sums one by one)
   static_assert(MR * NR <= 8, "tile_half sums at most 8 outputs at once");
   V all[8];
   ES_UNROLL for (int i = 0; i < MR; ++i)
-    ES_UNROLL for (int j = 0; j < NR; ++j) all[i * NR + j] = res[i][j];
+    ES_UNROLL for (int j = 0; j < NR; ++j)
+      all[i * NR + j] = {keep[i * NR + j], keep[(MR + i) * NR + j]};
   ES_UNROLL for (int t = MR * NR; t < 8; ++t) all[t] = vzero();
   float s[8];
   _mm256_storeu_ps(s, vhsum8v(all));
   ES_UNROLL for (int i = 0; i < MR; ++i)
     ES_UNROLL for (int j = 0; j < NR; ++j)
       y[i * ldy + n + j] = scale ? s[i * NR + j] * scale[n + j] : s[i * NR + j];
+}
+
+template <int WT, int MR, int NR>
+static void tile_half(const float* x, int64_t K, const void* w, const float* scale, float* y,
+                      int64_t ldy, int64_t n, PfCursor* pf) {
+  __m256 keep[2 * MR * NR];
+  ES_UNROLL for (int i = 0; i < 2 * MR * NR; ++i) keep[i] = _mm256_setzero_ps();
+  half_steps<WT, MR, NR>(x, K, w, n, 0, K - K % 16, keep, pf);
+  half_finish<WT, MR, NR>(x, K, w, scale, y, ldy, n, keep);
+}
+
+// Rows of x whose K does not leave room in L1 for all of them and a block of weight rows
+// (down_proj's K = 1536 at 3 or more rows): the block's tiles and groups meet one chunk of K
+// (ES_HALF_KC inputs) at a time, so that chunk of every row of x and of the block's weight
+// rows stays in L1 while all of them use it; each tile's accumulators wait in memory between
+// chunks (exactly), every lane still adds its products in k order, the tail and the sums last:
+// the same bits as tile_half.
+typedef void (*StepsFn)(const float*, int64_t, const void*, int64_t, int64_t, int64_t, __m256*,
+                        PfCursor*);
+typedef void (*FinishFn)(const float*, int64_t, const void*, const float*, float*, int64_t,
+                         int64_t, __m256*);
+template <int WT, int MR, int... NR>
+static constexpr auto steps_row(std::integer_sequence<int, NR...>) {
+  return std::array<StepsFn, sizeof...(NR)>{half_steps<WT, MR, NR + 1>...};
+}
+template <int WT, int MR, int... NR>
+static constexpr auto finish_row(std::integer_sequence<int, NR...>) {
+  return std::array<FinishFn, sizeof...(NR)>{half_finish<WT, MR, NR + 1>...};
+}
+template <int WT, int... MR>
+static constexpr auto steps_table(std::integer_sequence<int, MR...>) {
+  return std::array<std::array<StepsFn, ES_HALF_NR>, sizeof...(MR)>{
+      steps_row<WT, MR + 1>(std::make_integer_sequence<int, ES_HALF_NR>())...};
+}
+template <int WT, int... MR>
+static constexpr auto finish_table(std::integer_sequence<int, MR...>) {
+  return std::array<std::array<FinishFn, ES_HALF_NR>, sizeof...(MR)>{
+      finish_row<WT, MR + 1>(std::make_integer_sequence<int, ES_HALF_NR>())...};
+}
+template <int WT>
+static void half_chunked(const float* x, int64_t M, int64_t K, const void* w, const float* scale,
+                         float* y, int64_t ldy, int64_t n0, int64_t n1, PfCursor* pf) {
+  static constexpr auto steps = steps_table<WT>(std::make_integer_sequence<int, ES_HALF_MR>());
+  static constexpr auto finish = finish_table<WT>(std::make_integer_sequence<int, ES_HALF_MR>());
+  constexpr int64_t NB = ES_HALF_CHUNK_NB, NR = ES_HALF_NR, MR = ES_HALF_MR;
+  constexpr int64_t SLOT = 2 * MR * NR;  // a tile's accumulators
+  const int64_t groups = (M + MR - 1) / MR;  // <= 4 (M <= 16)
+  __m256 keep[4 * (NB / NR) * SLOT];
+  const int64_t KF = K - K % 16;
+  for (int64_t nb = n0; nb < n1; nb += NB) {
+    const int64_t nbe = nb + NB < n1 ? nb + NB : n1;
+    for (int64_t i = 0; i < groups * (NB / NR) * SLOT; ++i) keep[i] = _mm256_setzero_ps();
+    for (int64_t k0 = 0; k0 < KF; k0 += ES_HALF_KC) {
+      const int64_t k1 = KF - k0 > ES_HALF_KC ? k0 + ES_HALF_KC : KF;
+      int64_t r0 = 0;
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t r1 = M * (g + 1) / groups, mr = r1 - r0;
+        for (int64_t n = nb, t = 0; n < nbe; n += NR, ++t) {
+          const int64_t nr = nbe - n < NR ? nbe - n : NR;
+          steps[mr - 1][nr - 1](x + r0 * K, K, w, n, k0, k1,
+                                keep + (g * (NB / NR) + t) * SLOT, pf);
+        }
+        r0 = r1;
+      }
+    }
+    int64_t r0 = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t r1 = M * (g + 1) / groups, mr = r1 - r0;
+      for (int64_t n = nb, t = 0; n < nbe; n += NR, ++t) {
+        const int64_t nr = nbe - n < NR ? nbe - n : NR;
+        finish[mr - 1][nr - 1](x + r0 * K, K, w, scale, y + r0 * ldy, ldy, n,
+                               keep + (g * (NB / NR) + t) * SLOT);
+      }
+      r0 = r1;
+    }
+  }
 }
 typedef void (*HalfFn)(const float*, int64_t, const void*, const float*, float*, int64_t, int64_t,
                        PfCursor*);
@@ -470,9 +558,15 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
     const int64_t passes = 2 * ((M + ES_HALF_MR - 1) / ES_HALF_MR);  // halves x groups
     const int64_t period = passes * 64 / (ES_HALF_NR * 16 * wb);  // k-steps a line lasts
     const char* base = static_cast<const char*>(w);
-    PfCursor pf{base + (n0 + NB < n1 ? n0 + NB : n1) * K * wb, base + n1 * K * wb,
+    // every row of x and a block of weight rows in L1, else K in chunks (half_chunked)
+    const bool whole = M * K * 4 + NB * K * wb <= l1d_bytes() * 7 / 8;
+    const int64_t ahead = whole ? NB : ES_HALF_CHUNK_NB;
+    PfCursor pf{base + (n0 + ahead < n1 ? n0 + ahead : n1) * K * wb, base + n1 * K * wb,
                 static_cast<int>(period > 1 ? period : 1), 1};
-    walk(half, ES_HALF_MR, ES_HALF_NR, &pf, &pf);
+    if (whole)
+      walk(half, ES_HALF_MR, ES_HALF_NR, &pf, &pf);
+    else
+      half_chunked<WT>(x, M, K, w, scale, y, ldy, n0, n1, &pf);
     return;
   }
 #endif
