@@ -212,8 +212,9 @@ static void tile_half(const float* x, int64_t K, const void* w, const float* sca
   half_finish<WT, MR, NR>(x, K, w, scale, y, ldy, n, keep);
 }
 
-// Rows of x whose K does not leave room in L1 for all of them and a block of weight rows
-// (down_proj's K = 1536 at 3 or more rows): the block's tiles and groups meet one chunk of K
+// Rows of x whose K does not leave room in L1 for a pass of tile_half (a group's rows of x and
+// a tile's weight rows; down_proj's K = 1536 at 3 or more rows, where the second half would
+// read them all again from L2): a block's tiles and groups meet one chunk of K
 // (ES_HALF_KC inputs) at a time, so that chunk of every row of x and of the block's weight
 // rows stays in L1 while all of them use it; each tile's accumulators wait in memory between
 // chunks (exactly), every lane still adds its products in k order, the tail and the sums last:
@@ -558,8 +559,11 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
     const int64_t passes = 2 * ((M + ES_HALF_MR - 1) / ES_HALF_MR);  // halves x groups
     const int64_t period = passes * 64 / (ES_HALF_NR * 16 * wb);  // k-steps a line lasts
     const char* base = static_cast<const char*>(w);
-    // every row of x and a block of weight rows in L1, else K in chunks (half_chunked)
-    const bool whole = M * K * 4 + NB * K * wb <= l1d_bytes() * 7 / 8;
+    // a pass (a group's rows of x and a tile's weight rows over all of K) in L1, so that the
+    // other half finds them there; else K in chunks (half_chunked)
+    const int64_t groups = (M + ES_HALF_MR - 1) / ES_HALF_MR;
+    const int64_t mr = (M + groups - 1) / groups;  // the largest group
+    const bool whole = (mr * 4 + ES_HALF_NR * wb) * K <= l1d_bytes() * 7 / 8;
     const int64_t ahead = whole ? NB : ES_HALF_CHUNK_NB;
     PfCursor pf{base + (n0 + ahead < n1 ? n0 + ahead : n1) * K * wb, base + n1 * K * wb,
                 static_cast<int>(period > 1 ? period : 1), 1};

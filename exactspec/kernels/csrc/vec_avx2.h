@@ -129,9 +129,9 @@ static inline void vhalves2(V* o) {
 #define ES_HALF_TILES 1
 #define ES_HALF_MR 4
 #define ES_HALF_NR 2
-// ... where the rows of x and a block of ES_NB weight rows do not fit L1 together (down_proj's
-// K = 1536): blocks of this many weight rows meet every group in chunks of ES_HALF_KC inputs
-// (impl.h's half_chunked)
+// ... where a pass (a group's rows of x and a tile's weight rows over all of K) does not fit L1
+// (down_proj's K = 1536 at 3 or more rows): blocks of this many weight rows meet every group in
+// chunks of ES_HALF_KC inputs (impl.h's half_chunked)
 #define ES_HALF_CHUNK_NB 8
 #define ES_HALF_KC 256
 #define ES_MR_CONV 4  // ... for bf16 / int8 weights up to 16 rows of x, in tiles of ES_NR_CONV columns
