@@ -20,8 +20,8 @@ from exactspec import kernels
 MS = [*range(1, 21), 31, 45, 64, 65, 130, 256, 300]
 # (N, K): N = 37 ends in a part block and a part tile (16 + 16 + 4 + 1), N = 70 crosses a
 # 64-row task; K = 17 and 100 end in a tail of 1 and 4, K = 1 is all tail; K = 2200 (a tail of
-# 8): a pass of AVX2's half tiles over 2-4 rows of x does not fit a 32 or 48 KB L1, so they meet
-# K in chunks (impl.h's half_chunked)
+# 8): a pass of AVX2's half tiles over 4 rows of x does not fit a 32 or 48 KB L1 (float32
+# weights; bf16 and int8 past 4 rows), so they meet K in chunks (impl.h's half_chunked)
 SHAPES = [(37, 100), (70, 17), (5, 1), (37, 2200)]
 
 

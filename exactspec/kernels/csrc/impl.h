@@ -560,10 +560,12 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
     const int64_t period = passes * 64 / (ES_HALF_NR * 16 * wb);  // k-steps a line lasts
     const char* base = static_cast<const char*>(w);
     // a pass (a group's rows of x and a tile's weight rows over all of K) in L1, so that the
-    // other half finds them there; else K in chunks (half_chunked)
+    // other half finds them there (all of L1 for a single group, 7/8 where other groups' rows
+    // pass through it too); else K in chunks (half_chunked)
     const int64_t groups = (M + ES_HALF_MR - 1) / ES_HALF_MR;
     const int64_t mr = (M + groups - 1) / groups;  // the largest group
-    const bool whole = (mr * 4 + ES_HALF_NR * wb) * K <= l1d_bytes() * 7 / 8;
+    const int64_t pass = (mr * 4 + ES_HALF_NR * wb) * K;
+    const bool whole = pass <= (groups == 1 ? l1d_bytes() : l1d_bytes() * 7 / 8);
     const int64_t ahead = whole ? NB : ES_HALF_CHUNK_NB;
     PfCursor pf{base + (n0 + ahead < n1 ? n0 + ahead : n1) * K * wb, base + n1 * K * wb,
                 static_cast<int>(period > 1 ? period : 1), 1};
