@@ -7,6 +7,7 @@ default) with the operator path (EXACTSPEC_ROWS_STACK=0) in this process.
     python scripts/forward_widths.py --dtype float32 --context 1000
     python scripts/forward_widths.py --alternate --widths 1,8 --forwards 40
     python scripts/forward_widths.py --alternate --widths 1,8 --units avx512bf16,avx512vnni
+    python scripts/forward_widths.py --alternate --widths 1,8 --random-llama 2048,16,8192,32,8
 
 Rough figures for decisions only when other processes share the cores; `--alternate` (one
 sequence, the widths' forwards taking turns, minima and medians) keeps a busy host's slow
@@ -25,11 +26,12 @@ import torch
 import exactspec as es
 from exactspec import kernels
 from exactspec.models.adapter import TargetAdapter
+from exactspec.models.loading import Model
 
 
 def prefilled(model, context: int, capacity: int) -> TargetAdapter:
     """A sequence of `context` prompt tokens, prefilled, with room for `capacity` slots."""
-    adapter = TargetAdapter(model.model if hasattr(model, "model") else model)
+    adapter = TargetAdapter(model.model if isinstance(model, Model) else model)
     adapter.prefill([list(range(100, 100 + context))], capacity=capacity)
     return adapter
 
@@ -75,9 +77,29 @@ def alternate_ms(model, widths: list[int], context: int, n: int,
             {k: 1e3 * statistics.median(t) for k, t in times.items()})
 
 
+def random_llama(shape: str, dtype: str):
+    """A LlamaForCausalLM of random weights (seeded) of `shape` "H,L,I,HEADS,KV"."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    try:
+        h, layers, inter, heads, kv = (int(v) for v in shape.split(","))
+    except ValueError:
+        raise SystemExit(f"--random-llama {shape!r}: give H,L,I,HEADS,KV, e.g. "
+                         "2048,16,8192,32,8") from None
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=h, num_hidden_layers=layers, intermediate_size=inter,
+                      num_attention_heads=heads, num_key_value_heads=kv, vocab_size=49152,
+                      max_position_embeddings=8192, tie_word_embeddings=True)
+    return LlamaForCausalLM(cfg).to(getattr(torch, dtype)).eval()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--random-llama", metavar="H,L,I,HEADS,KV", default=None,
+                    help="instead of --model, a Llama of random weights of that hidden size, "
+                         "layers, MLP size and heads (e.g. 2048,16,8192,32,8: Llama 3.2 1B's "
+                         "body), smollm2's vocabulary")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
     ap.add_argument("--kv-cache", choices=("float32", "bfloat16"), default="float32",
                     help="the target's KV cache (es.load's kv_cache)")
@@ -96,7 +118,8 @@ def main() -> None:
     if a.alternate and a.ab:
         raise SystemExit("--alternate and --ab: choose one")
     torch.set_num_threads(a.threads)
-    model = es.load(a.model, dtype=a.dtype, kv_cache=a.kv_cache)
+    model = (random_llama(a.random_llama, a.dtype) if a.random_llama
+             else es.load(a.model, dtype=a.dtype, kv_cache=a.kv_cache))
     widths = [int(w) for w in a.widths.split(",")]
     if a.units and not a.alternate:
         raise SystemExit("--units needs --alternate")
