@@ -85,6 +85,26 @@ def test_linear_tiles_agree_across_isas():
         assert all(torch.equal(a, b) for a, b in zip(out, first, strict=True)), (kind, name)
 
 
+def test_long_k_agrees_across_isas():
+    """K past what L1 holds for a pass of AVX2's half tiles (its chunks, half_chunked), one row
+    included (the weight rows left over by the one-row tiles): every FMA unit's bits, against the
+    portable unit's plain loops."""
+    g = torch.Generator().manual_seed(9)
+    units = [u for u in kernels.available_isas() if not kernels.rounds_bf16_inputs(u)]
+    for k in (2200, 3000, 6000):
+        x = torch.randn(9, k, generator=g)
+        for kind in ("float32", "bfloat16"):
+            w, s = _weights(37, k, kind, g)
+            outs = {}
+            for name in units:
+                kernels.set_isa(name)
+                outs[name] = [kernels.linear(x[:m], [w], s) for m in range(1, 10)]
+            kernels.set_isa("auto")
+            ref = outs["portable"]
+            for name, out in outs.items():
+                assert all(torch.equal(a, b) for a, b in zip(out, ref, strict=True)), (k, kind, name)
+
+
 @pytest.mark.parametrize("n,k", [(37, 100), (70, 33), (9, 4200)])
 def test_w8a16_every_width_equals_rows_alone(isa, threads, n, k):
     """K = 4200 crosses the int64 widening every 512 inputs 8 times inside a row tile."""
