@@ -202,7 +202,8 @@ def run(args) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.engine_in_process or (has_drafter and args.verify is not None):
-        model = load(args.model, dtype=args.dtype, kv_cache=args.kv_cache)  # here; or to refuse now
+        # the engine here, or a model to refuse the flags against now
+        model = load(args.model, dtype=args.dtype, kv_cache=args.kv_cache)
         drafter, name = build_drafter(drafter_choice(args), model)
         check_tree_method(drafter, verify)
         config = replace(config, drafter_name=name)

@@ -69,7 +69,7 @@ def quantize_int4_kernel(w: torch.Tensor, group_size: int = 32, scales: str | No
     shape = (out_f, in_f // group_size)
     if scales == "search" and kernels.enabled():  # the torch path's bits, ~10x faster
         q, d, m = kernels.int4_quantize(groups)
-        return _per_32(q.reshape(out_f, in_f), d.reshape(shape), m.reshape(shape), group_size)
+        return (q.reshape(out_f, in_f), *_per_32(d.reshape(shape), m.reshape(shape), group_size))
     if scales == "minmax":
         d, m = _int4_minmax(groups)
     else:  # in chunks: the search holds a few copies of its groups
@@ -78,15 +78,16 @@ def quantize_int4_kernel(w: torch.Tensor, group_size: int = 32, scales: str | No
         d, m = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     d, m = d.to(torch.bfloat16).reshape(shape), m.to(torch.bfloat16).reshape(shape)
     df, mf = d.float().repeat_interleave(group_size, 1), m.float().repeat_interleave(group_size, 1)
-    q = torch.where(df > 0, torch.round((w.float() - mf) / torch.where(df > 0, df, 1.0)), 0.0)
-    return _per_32(q.clamp(0, 15).to(torch.uint8), d, m, group_size)
+    wf = groups.view(out_f, in_f)
+    q = torch.where(df > 0, torch.round((wf - mf) / torch.where(df > 0, df, 1.0)), 0.0)
+    return (q.clamp(0, 15).to(torch.uint8), *_per_32(d, m, group_size))
 
 
-def _per_32(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, group_size: int,
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _per_32(d: torch.Tensor, m: torch.Tensor, group_size: int,
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     """d and m [out, in / group_size] repeated over each group's blocks of 32."""
     rep = group_size // 32
-    return q, d.repeat_interleave(rep, 1), m.repeat_interleave(rep, 1)
+    return d.repeat_interleave(rep, 1), m.repeat_interleave(rep, 1)
 
 
 def _int4_minmax(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [R, n] -> [R]
@@ -103,7 +104,7 @@ def int4_search_reference(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per group (a row of g, [R, n] float32), the (d, m) of least squared error among candidate
     ranges (INT4_CANDIDATES: the min-max range and narrower ones), each candidate's q refitted
     by least squares. Every sum runs over a group's weights in index order and no operation is
-    fused, so `kernels.int4_search` (csrc/ops_quant.cpp, what quantize_int4_kernel runs) gives
+    fused, so `kernels.int4_quantize` (csrc/ops_quant.cpp, what quantize_int4_kernel runs) gives
     these bits; this form states the arithmetic and checks it."""
     lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)  # [R, 1]
     best_d, best_m = ((hi - lo) / 15.0).squeeze(-1), lo.squeeze(-1)

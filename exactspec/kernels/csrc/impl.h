@@ -556,13 +556,13 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
   if (M <= 16) {  // verify widths: half tiles (above), the weights prefetched by one cursor
     static constexpr auto half = half_table<WT>(std::make_integer_sequence<int, ES_HALF_MR>());
     constexpr int64_t wb = wbytes<WT>;
-    const int64_t passes = 2 * ((M + ES_HALF_MR - 1) / ES_HALF_MR);  // halves x groups
-    const int64_t period = passes * 64 / (ES_HALF_NR * 16 * wb);  // k-steps a line lasts
+    const int64_t groups = (M + ES_HALF_MR - 1) / ES_HALF_MR;
+    // k-steps a line lasts over the passes (2 halves x the groups)
+    const int64_t period = 2 * groups * 64 / (ES_HALF_NR * 16 * wb);
     const char* base = static_cast<const char*>(w);
     // a pass (a group's rows of x and a tile's weight rows over all of K) in L1, so that the
     // other half finds them there (all of L1 for a single group, 7/8 where other groups' rows
     // pass through it too); else K in chunks (half_chunked)
-    const int64_t groups = (M + ES_HALF_MR - 1) / ES_HALF_MR;
     const int64_t mr = (M + groups - 1) / groups;  // the largest group
     const int64_t pass = (mr * 4 + ES_HALF_NR * wb) * K;
     const bool whole = pass <= (groups == 1 ? l1d_bytes() : l1d_bytes() * 7 / 8);
