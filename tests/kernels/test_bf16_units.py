@@ -45,10 +45,12 @@ def _w(n: int, k: int, seed: int) -> torch.Tensor:
     return torch.randn(n, k, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("n,k", [(5, 40), (15, 32), (16, 33), (37, 100), (70, 17), (130, 576)])
+@pytest.mark.parametrize("n,k", [(5, 40), (15, 32), (16, 33), (37, 100), (70, 17), (130, 576),
+                                 (37, 3300)])
 def test_a_row_alone_equals_it_beside_anything(unit, n, k):
     """Rows alone against every width to 40 (three groups of 16 rows of x), the other rows
-    holding large values, infinities and NaN; 1 and 2 threads."""
+    holding large values, infinities and NaN; 1 and 2 threads. K = 3300: avx512bf16's groups of
+    4 rows from 5 rows (x's rows past 32 KB), blocks of 12 weight rows and a part block."""
     w = _w(n, k, n + k)
     g = torch.Generator().manual_seed(k)
     x = torch.randn(40, k, generator=g)
@@ -69,11 +71,14 @@ def test_a_row_alone_equals_it_beside_anything(unit, n, k):
             assert torch.equal(out[keep[:m]], alone[:m][keep[:m]]), (m, nt)
 
 
-def test_an_output_is_the_same_at_every_tile_position(unit):
+@pytest.mark.parametrize("m,k", [(3, 72), (7, 3300)])
+def test_an_output_is_the_same_at_every_tile_position(unit, m, k):
     """Output j of the first n weight rows for n = 1..100: j sits in a full tile, a part tile
-    shifted back to end at n (its first rows computed again), or a padded copy (n < 16)."""
-    w = _w(100, 72, 1)  # K = 72: two full blocks of 32 and a tail of 8
-    x = torch.randn(3, 72, generator=torch.Generator().manual_seed(2))
+    shifted back to end at n (its first rows computed again), or a padded copy (n < 16). K = 72:
+    two full blocks of 32 and a tail of 8; K = 3300 at 7 rows: avx512bf16's groups of 4 and 3
+    rows against tiles of 1-6 weight rows in blocks of 12."""
+    w = _w(100, k, 1)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(2))
     full = kernels.linear(x, [w])
     for n in range(1, 101):
         assert torch.equal(kernels.linear(x, [w[:n]]), full[:, :n]), n
@@ -117,11 +122,11 @@ def _vdpbf16ps(x: torch.Tensor, w: torch.Tensor, odd_first: bool = True) -> torc
 
 @pytest.mark.skipif("avx512bf16" not in UNITS, reason="no AVX512-BF16 unit here")
 @pytest.mark.parametrize("m,n,k", [(1, 37, 576), (3, 20, 100), (8, 50, 72), (13, 30, 33),
-                                   (70, 25, 1536), (9, 7, 31)])
+                                   (70, 25, 1536), (9, 7, 31), (8, 40, 2085), (6, 19, 3300)])
 def test_avx512bf16_computes_intels_definition(m, n, k):
-    """Every tile shape (1 row x 1-4 weight rows, 1-8 rows x 1-3) and K tails against the
-    emulation, bit for bit; the pair added in the other order is told apart (a wrong
-    definition would be seen)."""
+    """Every tile shape (1 row x 1-4 weight rows, 1-8 rows x 1-3, and past 32 KB of x 1-4 rows
+    x 1-6) and K tails against the emulation, bit for bit; the pair added in the other order is
+    told apart (a wrong definition would be seen)."""
     g = torch.Generator().manual_seed(m * 100 + k)
     x, w = torch.randn(m, k, generator=g), _w(n, k, n + k)
     kernels.set_isa("avx512bf16")
@@ -140,17 +145,22 @@ def _tiny_bf16(name: str = "llama", vocab: int = 16, **kw):
     return model_of(name, vocab=vocab, **kw).to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("bits", [8, 4])
-def test_greedy_equals_plain_on_the_unit(unit, bits):
+# an MLP this wide gives down_proj K = 4200: avx512bf16's groups of 4 rows from 5 rows of x (x's
+# rows past 32 KB), so verifies of 5 drafts and every prompt run on them
+WIDE_MLP = {"intermediate_size": 4200}
+
+
+@pytest.mark.parametrize("bits,wide", [(8, False), (4, False), (8, True)])
+def test_greedy_equals_plain_on_the_unit(unit, bits, wide):
     from tests.models.test_lean_architectures import GREEDY_PROMPTS
 
-    model = _tiny_bf16(head_scale=3.0)
+    model = _tiny_bf16(head_scale=3.0, **(WIDE_MLP if wide else {}))
     assert lean_forward_for(model) is not None
     greedy = SamplingParams(temperature=0)
     plain = generate(model, GREEDY_PROMPTS, params=greedy, max_new_tokens=20)
     drafter = QuantizedDraft(bits, backend="torch")
     spec = generate(model, GREEDY_PROMPTS, drafter=drafter, params=greedy, max_new_tokens=20,
-                    num_draft_tokens=3)
+                    num_draft_tokens=5 if wide else 3)
     for a, b in zip(spec, plain, strict=True):
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
     assert sum(g.stats.accepted for g in spec) > 0
@@ -165,9 +175,11 @@ def test_greedy_equals_plain_on_the_unit(unit, bits):
 
 
 def test_the_law_of_the_first_tokens_on_the_unit(unit):
-    """The bf16 lean forward's own law (its logits on AMX, exact enumeration), against the
+    """The bf16 lean forward's own law (its logits on the unit, exact enumeration), against the
     engine's counts plain and with the int8 self-draft (chi-square, false alarm 1e-6 each);
-    the wrong variant (qwen3 without its q/k norms, the same bf16 weights) is rejected."""
+    the wrong variant (qwen3 without its q/k norms, the same bf16 weights) is rejected. The
+    tiny qwen3's o_proj has K = 512 (4 heads of 128), so the batch's chunks of 64 rows run on
+    avx512bf16's groups of 4 (a row of x read from another row there is rejected: tried)."""
     from tests.models.test_lean_architectures import assert_qwen3_law_kept
 
     torch.set_num_threads(1)

@@ -17,7 +17,11 @@
 // 16 rows ahead; more rows go in balanced groups of at most 8 against tiles of 3 weight rows
 // (24 accumulators, 3 weight vectors and one of x in the 32 registers), in blocks of
 // kDotNB weight rows that every group of a chunk of kDotMB rows meets while they are in L1, the
-// first group prefetching the next block.
+// first group prefetching the next block. Where a chunk's rows of x exceed kDotXBytes (8 rows
+// past K = 2048, 5 past K = 3264, 29 at K = 576: prefill too), more than 4 rows go in groups of
+// at most 4 against tiles of 6 weight rows instead (dot_groups4): with weights streaming from
+// memory, 8 lines of x a k-step cost the 8-row tiles 1.3-2.0x one row's time at K = 2048-8192,
+// where 4 lines cost 1.0-1.1x (scripts/bf16dot_stream.cpp).
 #pragma once
 #include <immintrin.h>
 
@@ -48,13 +52,27 @@ constexpr int64_t kDotNB = 12;  // weight rows per block past 8 rows of x (a mul
 constexpr int64_t kDotMB = 64;  // rows of x per chunk past 8 rows
 constexpr int64_t kDotAhead1 = 16;  // weight rows ahead that the one-row tiles prefetch
 constexpr int kDotC1 = 4;  // weight rows per one-row tile
+// Past this many bytes of a chunk's rows of x (a 32 KB L1), more than 4 rows of x go in groups of
+// at most 4 against tiles of 6 weight rows, in blocks of about kDotBlockBytes that every group
+// meets in L2, the next block prefetched evenly over all of them (docs/performance.md, "The Zen 4
+// machine, fifth pass")
+constexpr int64_t kDotXBytes = 32 << 10;
+constexpr int64_t kDotBlockBytes = 96 << 10;
+
+// a prefetch cursor: `per_k` lines a k-step from cur, up to cap (the next block's end)
+struct DotCursor {
+  const char* cur;
+  const char* cap;
+  int per_k;
+};
 
 // y[r * ldy + n + c] = scale[n + c] * (vhsum of lane sums) for the R x C tile at weight row n:
 // xb rows of Kp bf16 (zeros past K), w rows of K bf16; prefetching, block by block, the weight
 // rows `ahead` further on (0: none; a prefetch never faults, past the end included)
 template <int R, int C>
 static void dot_tile(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K,
-                     const float* scale, float* y, int64_t ldy, int64_t n, int64_t ahead) {
+                     const float* scale, float* y, int64_t ldy, int64_t n, int64_t ahead,
+                     DotCursor* pf) {
   const int64_t KF = K / 32;
   const uint16_t* wr = w + n * K;
   V acc[R * C];
@@ -68,6 +86,7 @@ static void dot_tile(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t 
                                             reinterpret_cast<__m512bh>(wv[c]));
     }
   };
+  const char* cur = pf ? pf->cur : nullptr;
   for (int64_t kb = 0; kb < KF; ++kb) {
     __m512i wv[C];
     ES_DOT_UNROLL for (int c = 0; c < C; ++c)
@@ -76,8 +95,12 @@ static void dot_tile(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t 
       ES_DOT_UNROLL for (int c = 0; c < C; ++c)
         _mm_prefetch(reinterpret_cast<const char*>(wr + (c + ahead) * K + 32 * kb),
                      _MM_HINT_T1);
+    if (pf)
+      for (int p = 0; p < pf->per_k && cur < pf->cap; ++p, cur += 64)
+        _mm_prefetch(cur, _MM_HINT_T1);
     step(wv, kb);
   }
+  if (pf) pf->cur = cur;
   if (KF * 32 < K) {  // the tail: weights past K read as zeros (x is zero there too)
     const __mmask32 m = static_cast<__mmask32>((1ull << (K - 32 * KF)) - 1);
     __m512i wv[C];
@@ -99,15 +122,45 @@ static void dot_tile(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t 
 }
 
 typedef void (*DotFn)(const uint16_t*, int64_t, const uint16_t*, int64_t, const float*, float*,
-                      int64_t, int64_t, int64_t);
+                      int64_t, int64_t, int64_t, DotCursor*);
 template <int R, int... C>
 static constexpr auto dot_row(std::integer_sequence<int, C...>) {
   return std::array<DotFn, sizeof...(C)>{dot_tile<R, C + 1>...};
 }
-template <int... R>
+// table[r - 1][c - 1]: the tile of r rows of x and c weight rows, r <= ROWS, c <= COLS
+template <int COLS, int... R>
 static constexpr auto dot_table(std::integer_sequence<int, R...>) {
-  return std::array<std::array<DotFn, 3>, sizeof...(R)>{
-      dot_row<R + 1>(std::make_integer_sequence<int, 3>())...};
+  return std::array<std::array<DotFn, COLS>, sizeof...(R)>{
+      dot_row<R + 1>(std::make_integer_sequence<int, COLS>())...};
+}
+
+// A chunk of mc > 4 rows of x past kDotXBytes: balanced groups of at most 4 rows (x's lines a
+// k-step halved) against tiles of 6 weight rows, in blocks of about kDotBlockBytes that every
+// group of the chunk meets (the later groups from L2), each tile prefetching its share of the
+// next block (6 / groups lines a k-step, rounded up: the cursor stops at the block's end)
+static void dot_groups4(const uint16_t* xc, int64_t Kp, int64_t mc, const uint16_t* w,
+                        int64_t K, const float* scale, float* yc, int64_t ldy, int64_t n0,
+                        int64_t n1) {
+  static constexpr auto table = dot_table<6>(std::make_integer_sequence<int, 4>());
+  const int64_t groups = (mc + 3) / 4, row_bytes = K * 2;
+  int64_t nbw = kDotBlockBytes / row_bytes / 6 * 6;
+  if (nbw < 6) nbw = 6;
+  const char* base = reinterpret_cast<const char*>(w);
+  for (int64_t nb = n0; nb < n1; nb += nbw) {
+    const int64_t nbe = nb + nbw < n1 ? nb + nbw : n1;
+    const int64_t next_end = nbe + nbw < n1 ? nbe + nbw : n1;
+    DotCursor pf{base + nbe * row_bytes, base + next_end * row_bytes,
+                 static_cast<int>((6 + groups - 1) / groups)};
+    int64_t r0 = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t r1 = mc * (g + 1) / groups, mr = r1 - r0;
+      for (int64_t n = nb; n < nbe; n += 6) {
+        const int64_t nr = nbe - n < 6 ? nbe - n : 6;
+        table[mr - 1][nr - 1](xc + r0 * Kp, Kp, w, K, scale, yc + r0 * ldy, ldy, n, 0, &pf);
+      }
+      r0 = r1;
+    }
+  }
 }
 
 // y[m, n] = scale[n] * sum_k bf16(x[m, k]) w[n, k] for n in [n0, n1), every m < M (see above)
@@ -115,7 +168,7 @@ static void linear_bf16dot(const float* x, int64_t M, int64_t K, const uint16_t*
                            const float* scale, float* y, int64_t ldy, int64_t n0, int64_t n1) {
   if (n0 >= n1 || M <= 0) return;
   static constexpr auto one = dot_row<1>(std::make_integer_sequence<int, kDotC1>());
-  static constexpr auto table = dot_table(std::make_integer_sequence<int, 8>());
+  static constexpr auto table = dot_table<3>(std::make_integer_sequence<int, 8>());
   const int64_t KB = (K + 31) / 32, Kp = KB * 32;
   thread_local std::vector<uint16_t> xbuf;
   if (xbuf.size() < static_cast<size_t>(M * Kp + 32)) xbuf.resize(M * Kp + 32);
@@ -127,7 +180,8 @@ static void linear_bf16dot(const float* x, int64_t M, int64_t K, const uint16_t*
   if (M == 1) {
     for (int64_t n = n0; n < n1; n += kDotC1) {
       const int64_t nr = n1 - n < kDotC1 ? n1 - n : kDotC1;
-      one[nr - 1](xb, Kp, w, K, scale, y, ldy, n, n + kDotAhead1 < n1 ? kDotAhead1 : 0);
+      one[nr - 1](xb, Kp, w, K, scale, y, ldy, n, n + kDotAhead1 < n1 ? kDotAhead1 : 0,
+                  nullptr);
     }
     return;
   }
@@ -136,6 +190,10 @@ static void linear_bf16dot(const float* x, int64_t M, int64_t K, const uint16_t*
     const int64_t mc = M - mb < kDotMB ? M - mb : kDotMB, groups = (mc + 7) / 8;
     const uint16_t* xc = xb + mb * Kp;
     float* yc = y + mb * ldy;
+    if (mc > 4 && mc * Kp * 2 > kDotXBytes) {
+      dot_groups4(xc, Kp, mc, w, K, scale, yc, ldy, n0, n1);
+      continue;
+    }
     for (int64_t nb = n0; nb < n1; nb += kDotNB) {
       const int64_t nbe = nb + kDotNB < n1 ? nb + kDotNB : n1;
       int64_t r0 = 0;
@@ -147,7 +205,7 @@ static void linear_bf16dot(const float* x, int64_t M, int64_t K, const uint16_t*
         for (int64_t n = nb; n < nbe; n += 3) {
           const int64_t nr = nbe - n < 3 ? nbe - n : 3;
           table[mr - 1][nr - 1](xc + r0 * Kp, Kp, w, K, scale, yc + r0 * ldy, ldy, n,
-                                n + ahead < n1 ? ahead : 0);
+                                n + ahead < n1 ? ahead : 0, nullptr);
         }
         r0 = r1;
       }
