@@ -46,11 +46,12 @@ def _w(n: int, k: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("n,k", [(5, 40), (15, 32), (16, 33), (37, 100), (70, 17), (130, 576),
-                                 (37, 3300)])
+                                 (37, 3300), (13, 2048)])
 def test_a_row_alone_equals_it_beside_anything(unit, n, k):
     """Rows alone against every width to 40 (three groups of 16 rows of x), the other rows
     holding large values, infinities and NaN; 1 and 2 threads. K = 3300: avx512bf16's groups of
-    4 rows from 5 rows (x's rows past 32 KB), blocks of 12 weight rows and a part block."""
+    4 rows from 5 rows (x's rows from 32 KB), blocks of 12 weight rows and a part block; K =
+    2048: the groups from 8 rows, 7 and fewer on the tiles of up to 8 rows."""
     w = _w(n, k, n + k)
     g = torch.Generator().manual_seed(k)
     x = torch.randn(40, k, generator=g)
@@ -122,7 +123,8 @@ def _vdpbf16ps(x: torch.Tensor, w: torch.Tensor, odd_first: bool = True) -> torc
 
 @pytest.mark.skipif("avx512bf16" not in UNITS, reason="no AVX512-BF16 unit here")
 @pytest.mark.parametrize("m,n,k", [(1, 37, 576), (3, 20, 100), (8, 50, 72), (13, 30, 33),
-                                   (70, 25, 1536), (9, 7, 31), (8, 40, 2085), (6, 19, 3300)])
+                                   (70, 25, 1536), (9, 7, 31), (8, 40, 2085), (6, 19, 3300),
+                                   (8, 13, 2048), (7, 13, 2048)])
 def test_avx512bf16_computes_intels_definition(m, n, k):
     """Every tile shape (1 row x 1-4 weight rows, 1-8 rows x 1-3, and past 32 KB of x 1-4 rows
     x 1-6) and K tails against the emulation, bit for bit; the pair added in the other order is
@@ -146,7 +148,7 @@ def _tiny_bf16(name: str = "llama", vocab: int = 16, **kw):
 
 
 # an MLP this wide gives down_proj K = 4200: avx512bf16's groups of 4 rows from 5 rows of x (x's
-# rows past 32 KB), so verifies of 5 drafts and every prompt run on them
+# rows from 32 KB), so verifies of 5 drafts and every prompt run on them
 WIDE_MLP = {"intermediate_size": 4200}
 
 

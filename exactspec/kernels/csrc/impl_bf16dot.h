@@ -17,8 +17,8 @@
 // 16 rows ahead; more rows go in balanced groups of at most 8 against tiles of 3 weight rows
 // (24 accumulators, 3 weight vectors and one of x in the 32 registers), in blocks of
 // kDotNB weight rows that every group of a chunk of kDotMB rows meets while they are in L1, the
-// first group prefetching the next block. Where a chunk's rows of x exceed kDotXBytes (8 rows
-// past K = 2048, 5 past K = 3264, 29 at K = 576: prefill too), more than 4 rows go in groups of
+// first group prefetching the next block. Where a chunk's rows of x fill kDotXBytes (8 rows
+// from K = 2048, 5 past K = 3264, 29 at K = 576: prefill too), more than 4 rows go in groups of
 // at most 4 against tiles of 6 weight rows instead (dot_groups4): with weights streaming from
 // memory, 8 lines of x a k-step cost the 8-row tiles 1.3-2.0x one row's time at K = 2048-8192,
 // where 4 lines cost 1.0-1.1x (scripts/bf16dot_stream.cpp).
@@ -52,7 +52,7 @@ constexpr int64_t kDotNB = 12;  // weight rows per block past 8 rows of x (a mul
 constexpr int64_t kDotMB = 64;  // rows of x per chunk past 8 rows
 constexpr int64_t kDotAhead1 = 16;  // weight rows ahead that the one-row tiles prefetch
 constexpr int kDotC1 = 4;  // weight rows per one-row tile
-// Past this many bytes of a chunk's rows of x (a 32 KB L1), more than 4 rows of x go in groups of
+// From this many bytes of a chunk's rows of x (a 32 KB L1), more than 4 rows of x go in groups of
 // at most 4 against tiles of 6 weight rows, in blocks of about kDotBlockBytes that every group
 // meets in L2, the next block prefetched evenly over all of them (docs/performance.md, "The Zen 4
 // machine, fifth pass")
@@ -134,7 +134,7 @@ static constexpr auto dot_table(std::integer_sequence<int, R...>) {
       dot_row<R + 1>(std::make_integer_sequence<int, COLS>())...};
 }
 
-// A chunk of mc > 4 rows of x past kDotXBytes: balanced groups of at most 4 rows (x's lines a
+// A chunk of mc > 4 rows of x filling kDotXBytes: balanced groups of at most 4 rows (x's lines a
 // k-step halved) against tiles of 6 weight rows, in blocks of about kDotBlockBytes that every
 // group of the chunk meets (the later groups from L2), each tile prefetching its share of the
 // next block (6 / groups lines a k-step, rounded up: the cursor stops at the block's end)
@@ -190,7 +190,7 @@ static void linear_bf16dot(const float* x, int64_t M, int64_t K, const uint16_t*
     const int64_t mc = M - mb < kDotMB ? M - mb : kDotMB, groups = (mc + 7) / 8;
     const uint16_t* xc = xb + mb * Kp;
     float* yc = y + mb * ldy;
-    if (mc > 4 && mc * Kp * 2 > kDotXBytes) {
+    if (mc > 4 && mc * Kp * 2 >= kDotXBytes) {
       dot_groups4(xc, Kp, mc, w, K, scale, yc, ldy, n0, n1);
       continue;
     }
