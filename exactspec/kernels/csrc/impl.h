@@ -102,16 +102,11 @@ static void tile(const float* x, int64_t K, const void* w, const float* scale, f
 typedef void (*TileFn)(const float*, int64_t, const void*, const float*, float*, int64_t, int64_t,
                        int64_t);
 
-// table[mr - 1][nr - 1] = tile<WT, mr, nr> for mr <= ES_MR, nr <= ES_NR
-template <int WT, int MR, int... NR>
-static constexpr auto tile_row(std::integer_sequence<int, NR...>) {
-  return std::array<TileFn, sizeof...(NR)>{tile<WT, MR, NR + 1>...};
-}
-template <int WT, int... MR>
-static constexpr auto tile_table(std::integer_sequence<int, MR...>) {
-  return std::array<std::array<TileFn, ES_NR>, sizeof...(MR)>{
-      tile_row<WT, MR + 1>(std::make_integer_sequence<int, ES_NR>())...};
-}
+// shape_table's (isa.h) tiles of each shape: tile<WT, mr, nr>
+template <int WT> struct TileFns {
+  using Fn = TileFn;
+  template <int MR, int NR> static constexpr Fn of = tile<WT, MR, NR>;
+};
 
 #ifdef ES_HALF_TILES
 // The tile above for a unit whose V is two 8-lane registers (AVX2), one half at a time: lanes
@@ -223,29 +218,21 @@ typedef void (*StepsFn)(const float*, int64_t, const void*, int64_t, int64_t, in
                         PfCursor*);
 typedef void (*FinishFn)(const float*, int64_t, const void*, const float*, float*, int64_t,
                          int64_t, __m256*);
-template <int WT, int MR, int... NR>
-static constexpr auto steps_row(std::integer_sequence<int, NR...>) {
-  return std::array<StepsFn, sizeof...(NR)>{half_steps<WT, MR, NR + 1>...};
-}
-template <int WT, int MR, int... NR>
-static constexpr auto finish_row(std::integer_sequence<int, NR...>) {
-  return std::array<FinishFn, sizeof...(NR)>{half_finish<WT, MR, NR + 1>...};
-}
-template <int WT, int... MR>
-static constexpr auto steps_table(std::integer_sequence<int, MR...>) {
-  return std::array<std::array<StepsFn, ES_HALF_NR>, sizeof...(MR)>{
-      steps_row<WT, MR + 1>(std::make_integer_sequence<int, ES_HALF_NR>())...};
-}
-template <int WT, int... MR>
-static constexpr auto finish_table(std::integer_sequence<int, MR...>) {
-  return std::array<std::array<FinishFn, ES_HALF_NR>, sizeof...(MR)>{
-      finish_row<WT, MR + 1>(std::make_integer_sequence<int, ES_HALF_NR>())...};
-}
+template <int WT> struct StepsFns {
+  using Fn = StepsFn;
+  template <int MR, int NR> static constexpr Fn of = half_steps<WT, MR, NR>;
+};
+template <int WT> struct FinishFns {
+  using Fn = FinishFn;
+  template <int MR, int NR> static constexpr Fn of = half_finish<WT, MR, NR>;
+};
 template <int WT>
 static void half_chunked(const float* x, int64_t M, int64_t K, const void* w, const float* scale,
                          float* y, int64_t ldy, int64_t n0, int64_t n1, PfCursor* pf) {
-  static constexpr auto steps = steps_table<WT>(std::make_integer_sequence<int, ES_HALF_MR>());
-  static constexpr auto finish = finish_table<WT>(std::make_integer_sequence<int, ES_HALF_MR>());
+  static constexpr auto steps =
+      shape_table<StepsFns<WT>, ES_HALF_NR>(std::make_integer_sequence<int, ES_HALF_MR>());
+  static constexpr auto finish =
+      shape_table<FinishFns<WT>, ES_HALF_NR>(std::make_integer_sequence<int, ES_HALF_MR>());
   constexpr int64_t NB = ES_HALF_CHUNK_NB, NR = ES_HALF_NR, MR = ES_HALF_MR;
   constexpr int64_t SLOT = 2 * MR * NR;  // a tile's accumulators
   const int64_t groups = (M + MR - 1) / MR;  // <= 4 (M <= 16)
@@ -281,15 +268,10 @@ static void half_chunked(const float* x, int64_t M, int64_t K, const void* w, co
 }
 typedef void (*HalfFn)(const float*, int64_t, const void*, const float*, float*, int64_t, int64_t,
                        PfCursor*);
-template <int WT, int MR, int... NR>
-static constexpr auto half_row(std::integer_sequence<int, NR...>) {
-  return std::array<HalfFn, sizeof...(NR)>{tile_half<WT, MR, NR + 1>...};
-}
-template <int WT, int... MR>
-static constexpr auto half_table(std::integer_sequence<int, MR...>) {
-  return std::array<std::array<HalfFn, ES_HALF_NR>, sizeof...(MR)>{
-      half_row<WT, MR + 1>(std::make_integer_sequence<int, ES_HALF_NR>())...};
-}
+template <int WT> struct HalfFns {
+  using Fn = HalfFn;
+  template <int MR, int NR> static constexpr Fn of = tile_half<WT, MR, NR>;
+};
 #endif
 
 // The tiling (none of it changes a result: each output is its own accumulator):
@@ -336,7 +318,8 @@ static inline void groups_meet_block(const std::array<std::array<Fn, C>, R>& tab
 template <int WT>
 static void linear_conv(const float* x, int64_t M, int64_t K, const void* w, const float* scale,
                         float* y, int64_t ldy, int64_t n0, int64_t n1) {
-  static constexpr auto table = tile_table<W_F32>(std::make_integer_sequence<int, ES_MR>());
+  static constexpr auto table =
+      shape_table<TileFns<W_F32>, ES_NR>(std::make_integer_sequence<int, ES_MR>());
   static_assert(ES_CONV_ONCE >= 16, "linear_conv runs past 16 rows: the large tiles");
   const int64_t cap = ES_MR_LARGE, NB = ES_NB_LARGE;
   constexpr int64_t wb = wbytes<WT>;
@@ -500,7 +483,7 @@ static void linear_bc(const float* x, int64_t M, int64_t K, const void* w, const
 template <int WT>
 static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const float* scale,
                      float* y, int64_t ldy, int64_t n0, int64_t n1) {
-  static constexpr auto table = tile_table<WT>(std::make_integer_sequence<
+  static constexpr auto table = shape_table<TileFns<WT>, ES_NR>(std::make_integer_sequence<
       int, WT == W_F32 ? ES_MR : (ES_MR_CONV > ES_MR_LARGE ? ES_MR_CONV : ES_MR_LARGE)>());
   // bf16 / int8 weights need registers for their conversion: 4 rows, as below
   constexpr int NR1 = (WT == W_F32 || ES_NR1 <= 4) ? ES_NR1 : 4;
@@ -554,7 +537,8 @@ static void linear_t(const float* x, int64_t M, int64_t K, const void* w, const 
   };
 #ifdef ES_HALF_TILES
   if (M <= 16) {  // verify widths: half tiles (above), the weights prefetched by one cursor
-    static constexpr auto half = half_table<WT>(std::make_integer_sequence<int, ES_HALF_MR>());
+    static constexpr auto half =
+        shape_table<HalfFns<WT>, ES_HALF_NR>(std::make_integer_sequence<int, ES_HALF_MR>());
     constexpr int64_t wb = wbytes<WT>;
     const int64_t groups = (M + ES_HALF_MR - 1) / ES_HALF_MR;
     // k-steps a line lasts over the passes (2 halves x the groups)

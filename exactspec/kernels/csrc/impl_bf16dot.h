@@ -123,16 +123,11 @@ static void dot_tile(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t 
 
 typedef void (*DotFn)(const uint16_t*, int64_t, const uint16_t*, int64_t, const float*, float*,
                       int64_t, int64_t, int64_t, DotCursor*);
-template <int R, int... C>
-static constexpr auto dot_row(std::integer_sequence<int, C...>) {
-  return std::array<DotFn, sizeof...(C)>{dot_tile<R, C + 1>...};
-}
-// table[r - 1][c - 1]: the tile of r rows of x and c weight rows, r <= ROWS, c <= COLS
-template <int COLS, int... R>
-static constexpr auto dot_table(std::integer_sequence<int, R...>) {
-  return std::array<std::array<DotFn, COLS>, sizeof...(R)>{
-      dot_row<R + 1>(std::make_integer_sequence<int, COLS>())...};
-}
+// shape_table's (isa.h) tiles of each shape: dot_tile<r, c>, r rows of x and c weight rows
+struct DotFns {
+  using Fn = DotFn;
+  template <int R, int C> static constexpr Fn of = dot_tile<R, C>;
+};
 
 // A chunk of mc > 4 rows of x filling kDotXBytes: balanced groups of at most 4 rows (x's lines a
 // k-step halved) against tiles of 6 weight rows, in blocks of about kDotBlockBytes that every
@@ -141,7 +136,7 @@ static constexpr auto dot_table(std::integer_sequence<int, R...>) {
 static void dot_groups4(const uint16_t* xc, int64_t Kp, int64_t mc, const uint16_t* w,
                         int64_t K, const float* scale, float* yc, int64_t ldy, int64_t n0,
                         int64_t n1) {
-  static constexpr auto table = dot_table<6>(std::make_integer_sequence<int, 4>());
+  static constexpr auto table = shape_table<DotFns, 6>(std::make_integer_sequence<int, 4>());
   const int64_t groups = (mc + 3) / 4, row_bytes = K * 2;
   int64_t nbw = kDotBlockBytes / row_bytes / 6 * 6;
   if (nbw < 6) nbw = 6;
@@ -167,8 +162,8 @@ static void dot_groups4(const uint16_t* xc, int64_t Kp, int64_t mc, const uint16
 static void linear_bf16dot(const float* x, int64_t M, int64_t K, const uint16_t* w,
                            const float* scale, float* y, int64_t ldy, int64_t n0, int64_t n1) {
   if (n0 >= n1 || M <= 0) return;
-  static constexpr auto one = dot_row<1>(std::make_integer_sequence<int, kDotC1>());
-  static constexpr auto table = dot_table<3>(std::make_integer_sequence<int, 8>());
+  static constexpr auto one = shape_row<DotFns, 1>(std::make_integer_sequence<int, kDotC1>());
+  static constexpr auto table = shape_table<DotFns, 3>(std::make_integer_sequence<int, 8>());
   const int64_t KB = (K + 31) / 32, Kp = KB * 32;
   thread_local std::vector<uint16_t> xbuf;
   if (xbuf.size() < static_cast<size_t>(M * Kp + 32)) xbuf.resize(M * Kp + 32);

@@ -22,6 +22,20 @@ constexpr int64_t kAttnMaxRuns = 64;
 // the runs a query whose last visible key is `last` (-1: none) reads: one at least
 constexpr int64_t attn_runs(int64_t last) { return last < 0 ? 1 : last / kAttnRun + 1; }
 
+// The kernels' tiles picked by shape at run time: shape_table<Fns, COLS>(make_integer_sequence
+// <int, ROWS>()) is t[r - 1][c - 1] = Fns::template of<r, c> for r <= ROWS, c <= COLS, and
+// shape_row<Fns, R>(make_integer_sequence<int, COLS>()) one such row; Fns names the pointer
+// type (`using Fn`) and `template <int R, int C> static constexpr Fn of` (one tile per shape)
+template <class Fns, int R, int... C>
+constexpr std::array<typename Fns::Fn, sizeof...(C)> shape_row(std::integer_sequence<int, C...>) {
+  return {Fns::template of<R, C + 1>...};
+}
+template <class Fns, int COLS, int... R>
+constexpr std::array<std::array<typename Fns::Fn, COLS>, sizeof...(R)> shape_table(
+    std::integer_sequence<int, R...>) {
+  return {shape_row<Fns, R + 1>(std::make_integer_sequence<int, COLS>())...};
+}
+
 // dtype codes of a weight matrix
 enum WeightType : int { W_F32 = 0, W_BF16 = 1, W_I8 = 2 };
 
