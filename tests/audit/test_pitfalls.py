@@ -36,17 +36,23 @@ def test_every_seed_pitfall_is_present():
                              "unfiltered q", "shared uniforms"}
 
 
-@pytest.mark.parametrize("name", list(PITFALLS))
-def test_pitfall_is_caught(name):
-    pit = PITFALLS[name]
-    target = target_law(pit.world, L)
-    law = output_law(pit.world, pit.scheme, L)
+def assert_caught(pit, vocab: int, length: int = L, samples: int = SAMPLES) -> None:
+    """Pitfall `pit` (its world's vocabulary `vocab`) is caught over `length`-token generations:
+    its exact law is off the target's, the test's power at `samples` draws is > 1 - 1e-6, and the
+    chi-square test on that many draws rejects (tests/audit/test_trees.py uses it too)."""
+    target = target_law(pit.world, length)
+    law = output_law(pit.world, pit.scheme, length)
     assert tv_distance(law, target) > 0.01  # exact: the output is not the target's
-    assert power(target, law, SAMPLES) > 1 - 1e-6  # the sample size below suffices
-    seqs = simulate(pit.world, pit.scheme, L, SAMPLES, torch.Generator().manual_seed(3))
-    counts = bincount(sequence_ids(seqs, V), V**L)
+    assert power(target, law, samples) > 1 - 1e-6  # the sample size below suffices
+    seqs = simulate(pit.world, pit.scheme, length, samples, torch.Generator().manual_seed(3))
+    counts = bincount(sequence_ids(seqs, vocab), vocab**length)
     assert chi_square(counts, target).rejected  # the statistical test catches it
     assert not chi_square(counts, law).rejected  # ... and the draws follow the pitfall's law
+
+
+@pytest.mark.parametrize("name", list(PITFALLS))
+def test_pitfall_is_caught(name):
+    assert_caught(PITFALLS[name], V)
 
 
 CAT_DOG_FISH = positional_world(torch.tensor([[0.6, 0.3, 0.1]] * 2, dtype=torch.float64),

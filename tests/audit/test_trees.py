@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from exactspec.audit import (
     Speculative,
     output_law,
-    power,
     random_world,
     simulate,
     target_law,
@@ -27,6 +26,7 @@ from exactspec.audit.samplers import sequence_ids
 from exactspec.audit.stats import ALPHA, bincount, chi_square
 from exactspec.audit.trees import TreeScheme, tree_pitfalls, tree_schemes
 from exactspec.sampling import SIBLING_KINDS, branching_parents
+from tests.audit.test_pitfalls import assert_caught
 
 L = 4  # generated tokens compared in the statistical tests (V**L outcomes)
 SAMPLES = 20_000  # every pitfall's power at this size is > 1 - 1e-6 (asserted below)
@@ -85,15 +85,7 @@ PITFALLS = {p.name: p for p in tree_pitfalls(3, L + 2)}
 
 @pytest.mark.parametrize("name", list(PITFALLS))
 def test_tree_pitfall_is_caught(name):
-    pit = PITFALLS[name]
-    target = target_law(pit.world, L)
-    law = output_law(pit.world, pit.scheme, L)
-    assert tv_distance(law, target) > 0.01  # exact: the output is not the target's
-    assert power(target, law, SAMPLES) > 1 - 1e-6  # the sample size below suffices
-    seqs = simulate(pit.world, pit.scheme, L, SAMPLES, torch.Generator().manual_seed(3))
-    counts = bincount(sequence_ids(seqs, 3), 3**L)
-    assert chi_square(counts, target).rejected  # the statistical test catches it
-    assert not chi_square(counts, law).rejected  # ... and the draws follow the pitfall's law
+    assert_caught(PITFALLS[name], 3, L, SAMPLES)
 
 
 @pytest.mark.parametrize("scheme", tree_schemes((2, 2)), ids=lambda s: s.name)
