@@ -21,7 +21,8 @@
 // from K = 2048, 5 past K = 3264, 29 at K = 576: prefill too), more than 4 rows go in groups of
 // at most 4 against tiles of 6 weight rows instead (dot_groups4): with weights streaming from
 // memory, 8 lines of x a k-step cost the 8-row tiles 1.3-2.0x one row's time at K = 2048-8192,
-// where 4 lines cost 1.0-1.1x (scripts/bf16dot_stream.cpp).
+// where 4 lines cost 1.0-1.1x (scripts/bf16dot_stream.cpp; docs/performance.md, "The Zen 4
+// machine, fifth pass").
 #pragma once
 #include <immintrin.h>
 
@@ -52,12 +53,8 @@ constexpr int64_t kDotNB = 12;  // weight rows per block past 8 rows of x (a mul
 constexpr int64_t kDotMB = 64;  // rows of x per chunk past 8 rows
 constexpr int64_t kDotAhead1 = 16;  // weight rows ahead that the one-row tiles prefetch
 constexpr int kDotC1 = 4;  // weight rows per one-row tile
-// From this many bytes of a chunk's rows of x (a 32 KB L1), more than 4 rows of x go in groups of
-// at most 4 against tiles of 6 weight rows, in blocks of about kDotBlockBytes that every group
-// meets in L2, the next block prefetched evenly over all of them (docs/performance.md, "The Zen 4
-// machine, fifth pass")
-constexpr int64_t kDotXBytes = 32 << 10;
-constexpr int64_t kDotBlockBytes = 96 << 10;
+constexpr int64_t kDotXBytes = 32 << 10;  // a chunk's bytes of x from which dot_groups4 runs
+constexpr int64_t kDotBlockBytes = 96 << 10;  // ... and its blocks' bytes of weight rows
 
 // a prefetch cursor: `per_k` lines a k-step from cur, up to cap (the next block's end)
 struct DotCursor {
